@@ -1,0 +1,3 @@
+"""WebSocket routes. Consumers live with the app whose data they push."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,1 @@
+"""Jobs: the models, the state machine, operations and enqueue."""

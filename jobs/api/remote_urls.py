@@ -1,0 +1,3 @@
+"""Routes used only by remote workers (claim, complete, fail)."""
+
+urlpatterns: list = []

@@ -1,0 +1,74 @@
+"""The control plane's knobs, with named defaults.
+
+Read order for every knob: ``CONTROLPLANE_<NAME>`` environment variable, then
+``settings.CONTROLPLANE[NAME]``, then the default below. Values are read on
+each access so tests can override settings.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # Leases and liveness.
+    "LEASE_SECONDS": 30.0,
+    "HEARTBEAT_SECONDS": 10.0,
+    "WORKER_TIMEOUT_SECONDS": 60.0,
+    # Worker loop.
+    "POLL_SECONDS": 2.0,
+    "POLL_ONLY": False,
+    "SHUTDOWN_GRACE_SECONDS": 30.0,
+    "RETRY_BACKOFF_SECONDS": 2.0,
+    "RETRY_BACKOFF_MAX_SECONDS": 3600.0,
+    "DB_RETRY_INITIAL_SECONDS": 0.5,
+    "DB_RETRY_MAX_SECONDS": 30.0,
+    # Reaper.
+    "REAPER_INTERVAL_SECONDS": 30.0,
+    "REAPER_TIMEOUT_SECONDS": 6 * 3600.0,
+    "REAPER_STALL_SECONDS": 1800.0,
+    "MAX_LEASE_REQUEUES": 3,
+    "RETENTION_DAYS": 7.0,
+    "RETENTION_BATCH_SIZE": 1000,
+    # Batch queues.
+    "BATCH_VISIBILITY_SECONDS": 60.0,
+    "BATCH_MAX_ATTEMPTS": 3,
+    # Limits.
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    "DASHBOARD_STATEMENT_TIMEOUT_MS": 5000,
+    "COUNT_CAP": 10_000,
+    # Where operations live: modules imported at start-up. Every installed
+    # app's ``operations`` module is imported as well.
+    "OPERATION_MODULES": ["jobs.diagnostics", "jobs.tasks_backend"],
+}
+
+_BOOL_TRUE = {"1", "true", "yes", "on"}
+
+
+def _coerce(name: str, raw: str) -> Any:
+    default = DEFAULTS.get(name)
+    if isinstance(default, bool):
+        return raw.strip().lower() in _BOOL_TRUE
+    if isinstance(default, int):
+        return int(float(raw))
+    if isinstance(default, float):
+        return float(raw)
+    if isinstance(default, list):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    return raw
+
+
+def knob(name: str) -> Any:
+    """Return the current value of a knob (environment first, then settings)."""
+    raw = os.environ.get(f"CONTROLPLANE_{name}")
+    if raw is not None and raw != "":
+        return _coerce(name, raw)
+    configured = getattr(settings, "CONTROLPLANE", {}) or {}
+    if name in configured:
+        return configured[name]
+    try:
+        return DEFAULTS[name]
+    except KeyError:
+        raise KeyError(f"Unknown control-plane setting {name!r}.") from None

@@ -1,0 +1,86 @@
+"""The few places where PostgreSQL and SQLite need different SQL or parameters.
+
+Raw SQL in ``jobs.transitions`` talks to both through these helpers, so the
+statements themselves stay identical where the two databases agree.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connections
+from django.utils.dateparse import parse_datetime
+
+
+@dataclass(frozen=True)
+class Dialect:
+    alias: str = "default"
+
+    @property
+    def connection(self):
+        return connections[self.alias]
+
+    @property
+    def postgres(self) -> bool:
+        return self.connection.vendor == "postgresql"
+
+    # Parameter adapters -------------------------------------------------
+    def uuid(self, value: uuid.UUID | str | None) -> Any:
+        """A UUID as this database stores it (native on PostgreSQL, hex on SQLite)."""
+        if value is None:
+            return None
+        value = value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+        return value if self.postgres else value.hex
+
+    def ts(self, value: datetime | None) -> Any:
+        return self.connection.ops.adapt_datetimefield_value(value)
+
+    @staticmethod
+    def json(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"))
+
+    # SQL fragments ------------------------------------------------------
+    @property
+    def json_param(self) -> str:
+        return "%s::jsonb" if self.postgres else "%s"
+
+    @property
+    def uuid_param(self) -> str:
+        return "%s::uuid" if self.postgres else "%s"
+
+    @property
+    def new_token(self) -> str:
+        return "gen_random_uuid()" if self.postgres else "lower(hex(randomblob(16)))"
+
+    def in_list(self, n: int) -> str:
+        return "(" + ", ".join(["%s"] * n) + ")"
+
+    # Result readers ------------------------------------------------------
+    @staticmethod
+    def read_uuid(value: Any) -> uuid.UUID | None:
+        if value is None or isinstance(value, uuid.UUID):
+            return value
+        return uuid.UUID(str(value))
+
+    @staticmethod
+    def read_json(value: Any) -> Any:
+        if value is None or not isinstance(value, (str, bytes)):
+            return value
+        return json.loads(value)
+
+    @staticmethod
+    def read_ts(value: Any) -> datetime | None:
+        if value is None or isinstance(value, datetime):
+            return value
+        parsed = parse_datetime(str(value))
+        if parsed is not None and parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed
+
+
+def dialect(alias: str = "default") -> Dialect:
+    return Dialect(alias)

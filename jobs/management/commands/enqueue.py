@@ -1,0 +1,47 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils.dateparse import parse_datetime
+
+from jobs.enqueue import enqueue
+from jobs.exceptions import EnqueueError
+
+
+class Command(BaseCommand):
+    help = "Enqueue one job and print its id."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("operation")
+        parser.add_argument("--payload", default="{}", help="JSON object")
+        parser.add_argument("--queue")
+        parser.add_argument("--priority", type=int, default=0)
+        parser.add_argument("--run-after", help="ISO 8601 with a timezone")
+        parser.add_argument("--max-attempts", type=int)
+        parser.add_argument("--parent")
+        parser.add_argument("--idempotency-key")
+
+    def handle(self, *args, **o) -> None:
+        try:
+            payload = json.loads(o["payload"])
+        except json.JSONDecodeError as error:
+            raise CommandError(f"--payload is not valid JSON: {error}") from error
+        run_after = None
+        if o["run_after"]:
+            run_after = parse_datetime(o["run_after"])
+            if run_after is None:
+                raise CommandError("--run-after must be an ISO 8601 datetime with a timezone.")
+        try:
+            job = enqueue(
+                o["operation"],
+                payload,
+                queue=o["queue"],
+                priority=o["priority"],
+                run_after=run_after,
+                max_attempts=o["max_attempts"],
+                parent=o["parent"],
+                idempotency_key=o["idempotency_key"],
+            )
+        except EnqueueError as error:
+            details = "; ".join(f"{k}: {' '.join(v)}" for k, v in error.errors.items())
+            raise CommandError(f"{error.message} {details}") from error
+        self.stdout.write(str(job.pk))

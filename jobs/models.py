@@ -1,0 +1,260 @@
+"""Job, JobEvent, Worker, Queue and batch messages.
+
+Hot-path writes (claim, lease, finish, progress) are raw SQL in
+``jobs.transitions``; the ORM serves everything else. Invariants live in the
+database too: check constraints, a partial index over claimable rows only
+(so the claim stays an index range scan beside millions of finished rows),
+and a unique ``(job, seq)`` for the timeline.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.states import ACTIVE, TERMINAL, Status
+
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+
+
+class QueueKind(models.TextChoices):
+    JOB = "job", "Job rows"
+    BATCH = "batch", "Batch messages"
+
+
+class Queue(models.Model):
+    """Per-queue settings. A queue exists implicitly once a job names it."""
+
+    name = models.CharField(primary_key=True, max_length=200)
+    kind = models.CharField(max_length=10, choices=QueueKind.choices, default=QueueKind.JOB)
+    paused = models.BooleanField(default=False)
+    concurrency_cap = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most jobs running at once across all workers."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def default_kind(name: str) -> str:
+        """Queues named ``*.batch`` and ``*.write`` carry batch messages by convention."""
+        return QueueKind.BATCH if name.endswith((".batch", ".write")) else QueueKind.JOB
+
+
+class WorkerKind(models.TextChoices):
+    LOCAL = "local", "Local (database)"
+    REMOTE = "remote", "Remote (HTTP)"
+
+
+class Worker(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, blank=True, default="")
+    kind = models.CharField(max_length=10, choices=WorkerKind.choices, default=WorkerKind.LOCAL)
+    hostname = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    queues = models.JSONField(default=list)
+    operations = models.JSONField(default=list, blank=True)
+    concurrency = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(default=timezone.now, db_index=True)
+    user = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return f"{self.name or self.hostname}:{self.pid}"
+
+
+class JobQuerySet(models.QuerySet):
+    def active(self) -> JobQuerySet:
+        return self.filter(status__in=ACTIVE)
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(status__in=TERMINAL)
+
+    def expired_leases(self, now=None) -> JobQuerySet:
+        return self.filter(status=Status.RUNNING, leased_until__lt=now or timezone.now())
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    operation = models.CharField(max_length=200)
+    queue = models.CharField(max_length=200, default="default")
+    payload = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    priority = models.SmallIntegerField(default=0)
+    run_after = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=1)
+    lease_requeues = models.PositiveIntegerField(default=0)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    progress_current = models.IntegerField(default=0)
+    progress_total = models.IntegerField(null=True, blank=True)
+    leased_until = models.DateTimeField(null=True, blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    # No database FK: a finished job keeps naming the worker that ran it.
+    worker = models.ForeignKey(
+        Worker,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="jobs",
+    )
+    result = models.JSONField(null=True, blank=True)
+    error_code = models.CharField(max_length=200, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # Timeline bookkeeping: the next event's seq is last_event_seq + 1, taken
+    # under the job's row lock so seqs commit in order and never leave gaps.
+    last_event_seq = models.IntegerField(default=0)
+    last_event_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [("run_remote_jobs", "Can run jobs as a remote worker")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=PRIORITY_MIN) & Q(priority__lte=PRIORITY_MAX),
+                name="job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in Status]), name="job_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=[s.value for s in TERMINAL])
+                | Q(finished_at__isnull=False),
+                name="job_terminal_has_finished_at",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1), name="job_max_attempts_positive"
+            ),
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_idempotency_key_unique",
+            ),
+        ]
+        indexes = [
+            # The claim: claimable rows only, in claim order.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "run_after",
+                name="job_claimable_idx",
+                condition=Q(status="queued"),
+            ),
+            # Lease expiry and the reaper's scans over running rows only.
+            models.Index(
+                "leased_until", name="job_running_lease_idx", condition=Q(status="running")
+            ),
+            models.Index(fields=["-created_at", "-id"], name="job_created_idx"),
+            models.Index(fields=["parent", "status"], name="job_parent_idx"),
+            models.Index(fields=["status", "finished_at"], name="job_finished_idx"),
+            models.Index(fields=["worker", "status"], name="job_worker_idx"),
+            models.Index(fields=["queue", "status"], name="job_queue_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation} {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+class EventLevel(models.TextChoices):
+    INFO = "info", "info"
+    WARNING = "warning", "warning"
+    ERROR = "error", "error"
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    seq = models.IntegerField()
+    ts = models.DateTimeField(default=timezone.now)
+    event = models.CharField(max_length=200)
+    level = models.CharField(max_length=10, choices=EventLevel.choices, default=EventLevel.INFO)
+    message = models.TextField(blank=True, default="")
+    fields = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "seq"], name="jobevent_job_seq_unique"),
+            models.CheckConstraint(condition=Q(seq__gte=1), name="jobevent_seq_positive"),
+        ]
+        indexes = [models.Index(fields=["ts"], name="jobevent_ts_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.seq} {self.event}"
+
+
+class BatchMessage(models.Model):
+    """An ephemeral message on a batch queue: no Job row, deleted on ack.
+
+    Used like a message queue with a visibility timeout: a consumer claims a
+    message by pushing ``visible_after`` into the future; if it dies, the
+    message reappears when that time passes.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=200)
+    parent = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="batch_messages")
+    operation = models.CharField(max_length=200)
+    batch_index = models.IntegerField()
+    payload = models.JSONField(default=dict)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    visible_after = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["queue", "visible_after", "id"], name="batch_claim_idx")]
+
+
+class BatchReceipt(models.Model):
+    """One row per written batch: makes a twice-delivered batch count once."""
+
+    parent = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="batch_receipts")
+    batch_index = models.IntegerField()
+    output = models.JSONField(null=True, blank=True)
+    written_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["parent", "batch_index"], name="batchreceipt_parent_index_unique"
+            )
+        ]
+
+
+class RemoteOperation(models.Model):
+    """An operation that only remote workers provide, declared at their registration.
+
+    Soft-deleted (``deleted``) once no live worker provides it and no job of
+    it is pending; declared again, it comes back.
+    """
+
+    name = models.CharField(primary_key=True, max_length=200)
+    queue = models.CharField(max_length=200, default="default")
+    payload_schema = models.JSONField(default=dict)
+    max_attempts = models.PositiveIntegerField(default=1)
+    deleted = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,801 @@
+"""Every write that changes a job's status, each with its event.
+
+Each public function is one guarded UPDATE (``WHERE status IN <sources>``,
+fenced by the lease token where a worker acts) followed by the INSERT of its
+``JobEvent``, in one transaction. The next event ``seq`` is taken from the
+job row by the same UPDATE, so the row lock orders the commits and the
+timeline has no gaps. When the guard matches nothing, the caller gets a
+clear exception (``LeaseLost``, ``IllegalTransition``, ``JobNotFound``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from jobs.dialect import Dialect, dialect
+from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
+from jobs.states import (
+    CANCELLED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    Status,
+    check_transition,
+    sources_for,
+)
+
+JOB_TABLE = "jobs_job"
+EVENT_TABLE = "jobs_jobevent"
+
+
+class Sql(str):
+    """An assignment given as an SQL expression rather than a value."""
+
+
+DECREMENT_ATTEMPTS = Sql("CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END")
+CLEAR_LEASE = {"leased_until": None, "lease_token": None}
+
+
+@dataclass(frozen=True)
+class Moved:
+    id: uuid.UUID
+    seq: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event to write beside a status change."""
+
+    event: str
+    level: str = "info"
+    message: str = ""
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: uuid.UUID
+    operation: str
+    queue: str
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    parent_id: uuid.UUID | None
+    lease_token: uuid.UUID
+    expired: bool
+
+
+def _adapt(d: Dialect, value: Any) -> tuple[str, list[Any]]:
+    if isinstance(value, Sql):
+        return str(value), []
+    if value is None:
+        return "NULL", []
+    if isinstance(value, datetime):
+        return "%s", [d.ts(value)]
+    if isinstance(value, uuid.UUID):
+        return "%s", [d.uuid(value)]
+    if isinstance(value, (dict, list)):
+        return d.json_param, [d.json(value)]
+    if isinstance(value, Status):
+        return "%s", [value.value]
+    return "%s", [value]
+
+
+def write_events(
+    cursor: Any, d: Dialect, rows: Iterable[tuple[Any, int]], event: Event, ts: datetime
+) -> None:
+    """Insert one event per ``(db job id, seq)`` row in one round trip."""
+    params = [
+        (job_id, seq, d.ts(ts), event.event, event.level, event.message or "", d.json(event.fields))
+        for job_id, seq in rows
+    ]
+    if not params:
+        return
+    cursor.executemany(
+        f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
+        f"VALUES (%s, %s, %s, %s, %s, %s, {d.json_param})",
+        params,
+    )
+
+
+def _move(
+    *,
+    target: Status,
+    event: Event,
+    job_ids: Sequence[uuid.UUID] | None = None,
+    where: str = "",
+    where_params: Sequence[Any] = (),
+    lease_token: uuid.UUID | None = None,
+    assign: dict[str, Any] | None = None,
+    sources: Sequence[Status] | None = None,
+    limit_sql: str = "",
+    using: str = "default",
+) -> list[Moved]:
+    """The one guarded UPDATE behind every status change, with its events."""
+    d = dialect(using)
+    sources = tuple(sources or sources_for(target))
+    for source in sources:
+        check_transition(source, target)
+    now = timezone.now()
+    sets = ["status = %s", "last_event_seq = last_event_seq + 1", "last_event_at = %s"]
+    params: list[Any] = [target.value, d.ts(now)]
+    for column, value in (assign or {}).items():
+        sql, values = _adapt(d, value)
+        sets.append(f"{column} = {sql}")
+        params.extend(values)
+    conditions = [f"status IN {d.in_list(len(sources))}"]
+    params.extend(s.value for s in sources)
+    if job_ids is not None:
+        if not job_ids:
+            return []
+        conditions.append(f"id IN {d.in_list(len(job_ids))}")
+        params.extend(d.uuid(i) for i in job_ids)
+    if lease_token is not None:
+        conditions.append("lease_token = %s")
+        params.append(d.uuid(lease_token))
+    if where:
+        conditions.append(where)
+        params.extend(where_params)
+    sql = (
+        f"UPDATE {JOB_TABLE} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+        f"{limit_sql} RETURNING id, last_event_seq"
+    )
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        write_events(cursor, d, rows, event, now)
+    return [Moved(d.read_uuid(r[0]), r[1]) for r in rows]
+
+
+def _explain_miss(job_id: uuid.UUID, target: Status, lease_token: uuid.UUID | None) -> Exception:
+    """Why a guarded single-job UPDATE matched nothing, as the exception to raise."""
+    from jobs.models import Job
+
+    row = Job.objects.filter(pk=job_id).values_list("status", "lease_token").first()
+    if row is None:
+        return JobNotFound(job_id)
+    status, token = row
+    if lease_token is not None and (status != RUNNING or token != lease_token):
+        return LeaseLost(job_id, status)
+    return IllegalTransition(source=status, target=target.value, job_id=job_id)
+
+
+def _move_one(job_id: uuid.UUID, *, target: Status, lease_token=None, **kwargs) -> Moved:
+    moved = _move(target=target, job_ids=[job_id], lease_token=lease_token, **kwargs)
+    if not moved:
+        raise _explain_miss(job_id, target, lease_token)
+    return moved[0]
+
+
+# --- claim ----------------------------------------------------------------
+
+def claim_jobs(
+    *,
+    queues: Sequence[str],
+    worker_id: uuid.UUID,
+    limit: int,
+    lease_seconds: float,
+    operations: Sequence[str] | None = None,
+    using: str = "default",
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` claimable jobs in one statement and start them.
+
+    Claim order is priority (larger first), then ``run_after``. On PostgreSQL
+    the pick is ``FOR UPDATE SKIP LOCKED`` and the ``job.started`` events are
+    written by the same statement; on SQLite the IMMEDIATE transaction
+    serialises claimers.
+    """
+    if limit <= 0 or not queues:
+        return []
+    d = dialect(using)
+    now = timezone.now()
+    pick_conditions = [
+        "status = 'queued'",
+        f"queue IN {d.in_list(len(queues))}",
+        "run_after <= %s",
+    ]
+    pick_params: list[Any] = [*queues, d.ts(now)]
+    if operations is not None:
+        if not operations:
+            return []
+        pick_conditions.append(f"operation IN {d.in_list(len(operations))}")
+        pick_params.extend(operations)
+    pick = (
+        f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(pick_conditions)} "
+        "ORDER BY priority DESC, run_after LIMIT %s"
+    )
+    pick_params.append(limit)
+    if d.postgres:
+        pick += " FOR UPDATE SKIP LOCKED"
+    update = (
+        f"UPDATE {JOB_TABLE} SET status = 'running', attempts = attempts + 1, "
+        f"started_at = %s, leased_until = %s, lease_token = {d.new_token}, worker_id = %s, "
+        "last_event_seq = last_event_seq + 1, last_event_at = %s "
+        f"WHERE id IN ({pick}) "
+        "RETURNING id, operation, queue, payload, attempts, max_attempts, parent_id, "
+        "lease_token, last_event_seq, "
+        "(expires_at IS NOT NULL AND expires_at <= %s) AS expired"
+    )
+    lease_until = now + timedelta(seconds=lease_seconds)
+    params = [d.ts(now), d.ts(lease_until), d.uuid(worker_id), d.ts(now), *pick_params, d.ts(now)]
+    worker_text = str(worker_id)
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        if d.postgres:
+            # Plans cached on a nearly empty table would keep a sequential
+            # scan as the table grows; plan every claim afresh.
+            cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            cursor.execute(
+                f"WITH claimed AS ({update}), ev AS ("
+                f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
+                "SELECT id, last_event_seq, %s, 'job.started', 'info', '', "
+                "jsonb_build_object('worker', %s::text, 'attempt', attempts) FROM claimed) "
+                "SELECT * FROM claimed",
+                [*params, d.ts(now), worker_text],
+            )
+            rows = cursor.fetchall()
+        else:
+            cursor.execute(update, params)
+            rows = cursor.fetchall()
+            cursor.executemany(
+                f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
+                "VALUES (%s, %s, %s, 'job.started', 'info', '', %s)",
+                [
+                    (r[0], r[8], d.ts(now), d.json({"worker": worker_text, "attempt": r[4]}))
+                    for r in rows
+                ],
+            )
+    claimed = [
+        ClaimedJob(
+            id=d.read_uuid(r[0]),
+            operation=r[1],
+            queue=r[2],
+            payload=d.read_json(r[3]) or {},
+            attempt=r[4],
+            max_attempts=r[5],
+            parent_id=d.read_uuid(r[6]),
+            lease_token=d.read_uuid(r[7]),
+            expired=bool(r[9]),
+        )
+        for r in rows
+    ]
+    # RETURNING order is not the pick order; run the most urgent first.
+    return claimed
+
+
+# --- leases ---------------------------------------------------------------
+
+def extend_leases(
+    *,
+    worker_id: uuid.UUID,
+    held: Sequence[tuple[uuid.UUID, uuid.UUID]],
+    lease_seconds: float,
+    using: str = "default",
+) -> set[uuid.UUID]:
+    """Extend the leases of ``held`` (job id, token) pairs; return the ids no longer held.
+
+    A job missing from the result was cancelled, or reaped and maybe handed
+    to someone else: the caller must stop it and write nothing over it.
+    Also refreshes the worker's heartbeat, in the same transaction.
+    """
+    d = dialect(using)
+    now = timezone.now()
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs_worker SET last_heartbeat = %s WHERE id = %s",
+            [d.ts(now), d.uuid(worker_id)],
+        )
+        if not held:
+            return set()
+        tokens = [d.uuid(token) for _, token in held]
+        cursor.execute(
+            f"UPDATE {JOB_TABLE} SET leased_until = %s "
+            f"WHERE status = 'running' AND lease_token IN {d.in_list(len(tokens))} "
+            "RETURNING id",
+            [d.ts(now + timedelta(seconds=lease_seconds)), *tokens],
+        )
+        kept = {d.read_uuid(r[0]) for r in cursor.fetchall()}
+    return {job_id for job_id, _ in held} - kept
+
+
+# --- outcomes of a run ----------------------------------------------------
+
+def _progress_assign(progress: tuple[int | None, int | None] | None) -> dict[str, Any]:
+    if not progress:
+        return {}
+    current, total = progress
+    out: dict[str, Any] = {}
+    if current is not None:
+        out["progress_current"] = int(current)
+    if total is not None:
+        out["progress_total"] = int(total)
+    return out
+
+
+def complete_job(
+    job_id: uuid.UUID,
+    *,
+    lease_token: uuid.UUID | None,
+    result: Any = None,
+    progress: tuple[int | None, int | None] | None = None,
+    event_fields: dict[str, Any] | None = None,
+    using: str = "default",
+) -> Moved:
+    """running -> succeeded. ``lease_token=None`` is for closing a deferred parent."""
+    now = timezone.now()
+    return _move_one(
+        job_id,
+        target=SUCCEEDED,
+        lease_token=lease_token,
+        event=Event("job.succeeded", fields=event_fields or {}),
+        assign={
+            "result": Sql("NULL") if result is None else result,
+            "finished_at": now,
+            "error_code": "",
+            "error_message": "",
+            **CLEAR_LEASE,
+            **_progress_assign(progress),
+        },
+        using=using,
+    )
+
+
+@dataclass(frozen=True)
+class Completion:
+    job_id: uuid.UUID
+    lease_token: uuid.UUID
+    result: Any = None
+    progress: tuple[int | None, int | None] | None = None
+    duration_ms: int | None = None
+
+
+def complete_jobs(completions: Sequence[Completion], *, using: str = "default") -> list[uuid.UUID]:
+    """Many running -> succeeded moves in one transaction; returns the ids that moved.
+
+    Each job keeps its own guard and lease fence; a job that was cancelled or
+    reaped meanwhile is simply left out (its newer state wins).
+    """
+    if not completions:
+        return []
+    check_transition(RUNNING, SUCCEEDED)
+    d = dialect(using)
+    now = timezone.now()
+    values_sql = ", ".join(
+        [f"({d.uuid_param}, {d.uuid_param}, {d.json_param}, %s, %s)"] * len(completions)
+    )
+    params: list[Any] = [SUCCEEDED.value, d.ts(now), d.ts(now)]
+    for c in completions:
+        current, total = c.progress or (None, None)
+        params += [d.uuid(c.job_id), d.uuid(c.lease_token), d.json(c.result), current, total]
+    sql = (
+        f"UPDATE {JOB_TABLE} SET status = %s, last_event_seq = last_event_seq + 1, "
+        "last_event_at = %s, finished_at = %s, result = v.column3, error_code = '', "
+        "error_message = '', leased_until = NULL, lease_token = NULL, "
+        "progress_current = COALESCE(v.column4, progress_current), "
+        "progress_total = COALESCE(v.column5, progress_total) "
+        f"FROM (VALUES {values_sql}) AS v "
+        f"WHERE {JOB_TABLE}.id = v.column1 AND {JOB_TABLE}.lease_token = v.column2 "
+        f"AND {JOB_TABLE}.status = 'running' "
+        f"RETURNING {JOB_TABLE}.id, {JOB_TABLE}.last_event_seq"
+    )
+    if d.postgres:
+        # VALUES columns need explicit types for the integer progress pair.
+        sql = sql.replace(", %s, %s)", ", %s::int, %s::int)")
+    durations = {d.uuid(c.job_id): c.duration_ms for c in completions}
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        cursor.executemany(
+            f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
+            f"VALUES (%s, %s, %s, 'job.succeeded', 'info', '', {d.json_param})",
+            [
+                (r[0], r[1], d.ts(now), d.json({"duration_ms": durations.get(r[0])}))
+                for r in rows
+            ],
+        )
+    return [d.read_uuid(r[0]) for r in rows]
+
+
+def defer_job(
+    job_id: uuid.UUID,
+    *,
+    lease_token: uuid.UUID,
+    result: Any = None,
+    progress: tuple[int | None, int | None] | None = None,
+    using: str = "default",
+) -> int:
+    """Keep a coordinator ``running`` after its operation returned deferred.
+
+    Not a status change: its lease is released (no worker holds it any more)
+    and the job is closed later by the write step of its last batch.
+    """
+    d = dialect(using)
+    now = timezone.now()
+    assign = {"result": result, **CLEAR_LEASE, **_progress_assign(progress)}
+    sets, params = ["last_event_seq = last_event_seq + 1", "last_event_at = %s"], [d.ts(now)]
+    for column, value in assign.items():
+        sql, values = _adapt(d, value)
+        sets.append(f"{column} = {sql}")
+        params.extend(values)
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {JOB_TABLE} SET {', '.join(sets)} "
+            "WHERE id = %s AND status = 'running' AND lease_token = %s RETURNING id, last_event_seq",
+            [*params, d.uuid(job_id), d.uuid(lease_token)],
+        )
+        rows = cursor.fetchall()
+        if not rows:
+            raise _explain_miss(job_id, RUNNING, lease_token)
+        write_events(cursor, d, rows, Event("job.deferred", fields={"result": result}), now)
+    return rows[0][1]
+
+
+def fail_job(
+    job_id: uuid.UUID,
+    *,
+    lease_token: uuid.UUID | None,
+    error_code: str,
+    error_message: str,
+    retryable: bool = False,
+    backoff_seconds: float | None = None,
+    event: str = "job.failed",
+    using: str = "default",
+) -> Status:
+    """running -> queued with backoff while attempts remain (if retryable), else -> failed.
+
+    Returns the status the job moved to.
+    """
+    now = timezone.now()
+    error = {"error_code": error_code, "error_message": error_message}
+    with transaction.atomic(using=using):
+        if retryable and backoff_seconds is not None:
+            moved = _move(
+                target=QUEUED,
+                job_ids=[job_id],
+                lease_token=lease_token,
+                where="attempts < max_attempts",
+                event=Event(
+                    "job.retry_scheduled",
+                    level="warning",
+                    message=error_message,
+                    fields={**error, "delay_seconds": round(backoff_seconds, 3)},
+                ),
+                assign={
+                    **error,
+                    **CLEAR_LEASE,
+                    "run_after": now + timedelta(seconds=backoff_seconds),
+                    "worker_id": None,
+                },
+                using=using,
+            )
+            if moved:
+                return QUEUED
+        _move_one(
+            job_id,
+            target=FAILED,
+            lease_token=lease_token,
+            event=Event(event, level="error", message=error_message, fields=error),
+            assign={**error, **CLEAR_LEASE, "finished_at": now},
+            using=using,
+        )
+    return FAILED
+
+
+def retry_job_later(
+    job_id: uuid.UUID,
+    *,
+    lease_token: uuid.UUID,
+    reason: str,
+    delay_seconds: float,
+    using: str = "default",
+) -> Moved:
+    """running -> queued after ``delay_seconds``; the attempt is not counted."""
+    return _move_one(
+        job_id,
+        target=QUEUED,
+        lease_token=lease_token,
+        event=Event(
+            "job.retry_later",
+            message=reason,
+            fields={"reason": reason, "delay_seconds": delay_seconds},
+        ),
+        assign={
+            **CLEAR_LEASE,
+            "attempts": DECREMENT_ATTEMPTS,
+            "run_after": timezone.now() + timedelta(seconds=delay_seconds),
+            "worker_id": None,
+            "started_at": None,
+        },
+        using=using,
+    )
+
+
+def requeue_job(
+    job_id: uuid.UUID,
+    *,
+    lease_token: uuid.UUID | None,
+    reason: str = "worker shutdown",
+    using: str = "default",
+) -> Moved:
+    """running -> queued now (graceful shutdown, remote disconnect); the attempt is not counted."""
+    return _move_one(
+        job_id,
+        target=QUEUED,
+        lease_token=lease_token,
+        event=Event("job.requeued", level="warning", message=reason, fields={"reason": reason}),
+        assign={
+            **CLEAR_LEASE,
+            "attempts": DECREMENT_ATTEMPTS,
+            "run_after": timezone.now(),
+            "worker_id": None,
+            "started_at": None,
+        },
+        using=using,
+    )
+
+
+# --- operator actions -----------------------------------------------------
+
+def _operator_fields(by: str | None, reason: str | None) -> dict[str, Any]:
+    return {k: v for k, v in {"by": by, "reason": reason}.items() if v}
+
+
+DESCENDANTS_SQL = (
+    "WITH RECURSIVE tree(id) AS ("
+    f"SELECT id FROM {JOB_TABLE} WHERE parent_id IN {{roots}} "
+    f"UNION SELECT j.id FROM {JOB_TABLE} j JOIN tree t ON j.parent_id = t.id"
+    ") SELECT id FROM tree"
+)
+
+
+def cancel_jobs(
+    job_ids: Sequence[uuid.UUID],
+    *,
+    by: str | None = None,
+    reason: str | None = None,
+    using: str = "default",
+) -> list[uuid.UUID]:
+    """Cancel queued and running jobs and, in the same transaction, all their descendants.
+
+    Terminal jobs are left as they are. Pending batch messages of every
+    cancelled job are dropped. Returns the ids that changed.
+    """
+    if not job_ids:
+        return []
+    d = dialect(using)
+    fields = _operator_fields(by, reason)
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        moved = _move(
+            target=CANCELLED,
+            job_ids=list(job_ids),
+            event=Event("job.cancelled", level="warning", message=reason or "", fields=fields),
+            assign={"finished_at": now, "leased_until": None},
+            using=using,
+        )
+        with connections[using].cursor() as cursor:
+            roots = [d.uuid(i) for i in job_ids]
+            cursor.execute(DESCENDANTS_SQL.format(roots=d.in_list(len(roots))), roots)
+            descendants = [d.read_uuid(r[0]) for r in cursor.fetchall()]
+        moved += _move(
+            target=CANCELLED,
+            job_ids=descendants,
+            event=Event(
+                "job.cancelled",
+                level="warning",
+                message="parent cancelled",
+                fields={**fields, "cascade": True},
+            ),
+            assign={"finished_at": now, "leased_until": None},
+            using=using,
+        ) if descendants else []
+        affected = [d.uuid(i) for i in [*job_ids, *descendants]]
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM jobs_batchmessage WHERE parent_id IN {d.in_list(len(affected))}",
+                affected,
+            )
+    return [m.id for m in moved]
+
+
+def cancel_job(
+    job_id: uuid.UUID, *, by: str | None = None, reason: str | None = None, using: str = "default"
+) -> bool:
+    """Cancel one job (idempotent; a no-op on a terminal job). True if it changed."""
+    from jobs.models import Job
+
+    if not Job.objects.using(using).filter(pk=job_id).exists():
+        raise JobNotFound(job_id)
+    return job_id in cancel_jobs([job_id], by=by, reason=reason, using=using)
+
+
+def _retry_assign() -> dict[str, Any]:
+    return {
+        **CLEAR_LEASE,
+        "attempts": 0,
+        "lease_requeues": 0,
+        "run_after": timezone.now(),
+        "started_at": None,
+        "finished_at": None,
+        "worker_id": None,
+        "error_code": "",
+        "error_message": "",
+        "result": Sql("NULL"),
+    }
+
+
+def retry_job(
+    job_id: uuid.UUID, *, by: str | None = None, reason: str | None = None, using: str = "default"
+) -> Moved:
+    """Operator retry: failed or cancelled -> queued, with a fresh attempt budget."""
+    return _move_one(
+        job_id,
+        target=QUEUED,
+        sources=(FAILED, CANCELLED),
+        event=Event("job.retried", message=reason or "", fields=_operator_fields(by, reason)),
+        assign=_retry_assign(),
+        using=using,
+    )
+
+
+def retry_jobs(
+    job_ids: Sequence[uuid.UUID], *, by: str | None = None, reason: str | None = None
+) -> list[uuid.UUID]:
+    """Bulk operator retry: the failed or cancelled jobs among ``job_ids`` go back to queued."""
+    moved = _move(
+        target=QUEUED,
+        sources=(FAILED, CANCELLED),
+        job_ids=list(job_ids),
+        event=Event("job.retried", message=reason or "", fields=_operator_fields(by, reason)),
+        assign=_retry_assign(),
+    )
+    return [m.id for m in moved]
+
+
+# --- events during a run ----------------------------------------------------
+
+def emit_event(
+    job_id: uuid.UUID,
+    *,
+    event: str,
+    message: str | None = None,
+    level: str = "info",
+    fields: dict[str, Any] | None = None,
+    lease_token: uuid.UUID | None = None,
+    using: str = "default",
+) -> int:
+    """Append an event to a job's timeline and return its seq.
+
+    With ``lease_token`` the write is fenced: if the job was cancelled this
+    raises ``JobCancelled``; if someone else holds it, ``LeaseLost``.
+    ``_progress_current``/``_progress_total`` in ``fields`` update the job's progress.
+    """
+    d = dialect(using)
+    fields = dict(fields or {})
+    now = timezone.now()
+    sets = ["last_event_seq = last_event_seq + 1", "last_event_at = %s"]
+    params: list[Any] = [d.ts(now)]
+    for key, column in (("_progress_current", "progress_current"), ("_progress_total", "progress_total")):
+        if fields.get(key) is not None:
+            sets.append(f"{column} = %s")
+            params.append(int(fields[key]))
+    where, where_params = "id = %s", [d.uuid(job_id)]
+    if lease_token is not None:
+        where += " AND status = 'running' AND lease_token = %s"
+        where_params.append(d.uuid(lease_token))
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {JOB_TABLE} SET {', '.join(sets)} WHERE {where} RETURNING id, last_event_seq",
+            [*params, *where_params],
+        )
+        rows = cursor.fetchall()
+        if rows:
+            write_events(cursor, d, rows, Event(event, level, message or "", fields), now)
+    if not rows:
+        error = _explain_miss(job_id, RUNNING, lease_token)
+        if isinstance(error, LeaseLost) and error.status == CANCELLED:
+            raise JobCancelled(job_id)
+        raise error
+    return rows[0][1]
+
+
+# --- rescues by the reaper ------------------------------------------------
+
+def requeue_expired_leases(
+    *, max_requeues: int, worker_ids: Sequence[uuid.UUID] = (), limit: int = 500
+) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """Handle running jobs whose lease has passed (or whose worker is gone).
+
+    Requeues those under the ``max_requeues`` budget (``job.lease_expired_requeue``)
+    and fails the rest with ``LeaseExpired`` (``job.lease_expired``). The
+    guard is in the UPDATE itself, so two reapers never act twice.
+    """
+    d = dialect()
+    now = timezone.now()
+    expiry = "(leased_until < %s"
+    expiry_params: list[Any] = [d.ts(now)]
+    if worker_ids:
+        expiry += f" OR worker_id IN {d.in_list(len(worker_ids))}"
+        expiry_params += [d.uuid(w) for w in worker_ids]
+    expiry += ")"
+    # The conditions stand in the outer WHERE too: PostgreSQL rechecks them on
+    # the row it finally locks, so a job claimed again meanwhile is left alone.
+    pick = (
+        f"{expiry} AND lease_requeues {{op}} %s AND id IN (SELECT id FROM {JOB_TABLE} "
+        f"WHERE status = 'running' AND {expiry} AND lease_requeues {{op}} %s LIMIT {int(limit)})"
+    )
+    requeued = _move(
+        target=QUEUED,
+        where=pick.format(op="<"),
+        where_params=[*expiry_params, max_requeues, *expiry_params, max_requeues],
+        event=Event(
+            "job.lease_expired_requeue",
+            level="warning",
+            message="lease expired; requeued",
+        ),
+        assign={
+            **CLEAR_LEASE,
+            "lease_requeues": Sql("lease_requeues + 1"),
+            "attempts": DECREMENT_ATTEMPTS,
+            "run_after": now,
+            "worker_id": None,
+            "started_at": None,
+        },
+    )
+    failed = _move(
+        target=FAILED,
+        where=pick.format(op=">="),
+        where_params=[*expiry_params, max_requeues, *expiry_params, max_requeues],
+        event=Event(
+            "job.lease_expired",
+            level="error",
+            message=f"lease expired more than {max_requeues} times",
+            fields={"error_code": "LeaseExpired"},
+        ),
+        assign={
+            **CLEAR_LEASE,
+            "finished_at": now,
+            "error_code": "LeaseExpired",
+            "error_message": f"The job's lease expired more than {max_requeues} times.",
+        },
+    )
+    return [m.id for m in requeued], [m.id for m in failed]
+
+
+def fail_timed_out(
+    *, timeout_seconds: float, stall_seconds: float, limit: int = 500
+) -> list[uuid.UUID]:
+    """Fail jobs running longer than the timeout that also wrote no event for ``stall_seconds``."""
+    d = dialect()
+    now = timezone.now()
+    stale = "started_at < %s AND (last_event_at IS NULL OR last_event_at < %s)"
+    stale_params = [
+        d.ts(now - timedelta(seconds=timeout_seconds)),
+        d.ts(now - timedelta(seconds=stall_seconds)),
+    ]
+    message = (
+        f"Ran longer than {timeout_seconds:g} s with no event for {stall_seconds:g} s."
+    )
+    moved = _move(
+        target=FAILED,
+        where=(
+            f"{stale} AND id IN (SELECT id FROM {JOB_TABLE} WHERE status = 'running' AND {stale} "
+            f"LIMIT {int(limit)})"
+        ),
+        where_params=stale_params * 2,
+        event=Event("job.timeout", level="error", message=message, fields={"error_code": "JobTimeout"}),
+        assign={
+            **CLEAR_LEASE,
+            "finished_at": now,
+            "error_code": "JobTimeout",
+            "error_message": message,
+        },
+    )
+    return [m.id for m in moved]

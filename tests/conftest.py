@@ -1,0 +1,119 @@
+"""Fixtures shared by every tier: the database URL for subprocesses, waiting, workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Small timing knobs for every process a test starts (CONTRACT.md names).
+FAST_KNOBS = {
+    "CONTROLPLANE_LEASE_SECONDS": "3",
+    "CONTROLPLANE_HEARTBEAT_SECONDS": "0.3",
+    "CONTROLPLANE_POLL_SECONDS": "0.2",
+    "CONTROLPLANE_SHUTDOWN_GRACE_SECONDS": "2",
+    "CONTROLPLANE_RETRY_BACKOFF_SECONDS": "0.1",
+    "CONTROLPLANE_REAPER_INTERVAL_SECONDS": "0.3",
+    "CONTROLPLANE_WORKER_TIMEOUT_SECONDS": "3",
+    "CONTROLPLANE_BATCH_VISIBILITY_SECONDS": "3",
+    "CONTROLPLANE_DB_RETRY_INITIAL_SECONDS": "0.1",
+    "CONTROLPLANE_DB_RETRY_MAX_SECONDS": "1",
+}
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05,
+             message: str = "condition") -> object:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Timed out after {timeout} s waiting for {message}.")
+        time.sleep(interval)
+
+
+def database_url_for_subprocess() -> str:
+    """The URL of the database this test session uses (the test database, not the dev one)."""
+    from django.db import connection
+
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{Path(settings['NAME']).resolve()}"
+    user = settings.get("USER") or ""
+    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    host = settings.get("HOST") or "127.0.0.1"
+    port = settings.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{settings['NAME']}"
+
+
+@pytest.fixture
+def subprocess_env(transactional_db) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(FAST_KNOBS)
+    env["DATABASE_URL"] = database_url_for_subprocess()
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("CONTROLPLANE_TEST_DB_NAME", None)
+    return env
+
+
+class Process:
+    """A management command running as a real process, with its output kept for failures."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args = args
+        self.log_path = log
+        self._log = open(log, "wb")
+        self.popen = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def start_process(subprocess_env, tmp_path) -> Iterator[Callable[..., Process]]:
+    """Start ``manage.py <args>`` as a real process; it is killed at teardown."""
+    started: list[Process] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> Process:
+        merged = {**subprocess_env, **(env or {})}
+        proc = Process(list(args), merged, tmp_path / f"proc-{len(started)}.log")
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
