@@ -1,0 +1,3 @@
+"""WebSocket routes of the dashboard."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,3 @@
+"""WebSocket routes for remote workers (/ws/workers/<id>)."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,112 @@
+"""Rescues run by the reaper: expired leases, gone workers, timed-out jobs.
+
+The guard of every rescue stands in the UPDATE itself (rechecked by
+PostgreSQL on the row it finally locks), so several reapers never act twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from jobs.dialect import dialect
+from jobs.states import FAILED, QUEUED
+from jobs.transitions import CLEAR_LEASE, DECREMENT_ATTEMPTS, JOB_TABLE, Event, Sql, _move
+
+# --- rescues by the reaper ------------------------------------------------
+
+def requeue_expired_leases(
+    *, max_requeues: int, worker_ids: Sequence[uuid.UUID] = (), limit: int = 500
+) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """Handle running jobs whose lease has passed (or whose worker is gone).
+
+    Requeues those under the ``max_requeues`` budget (``job.lease_expired_requeue``)
+    and fails the rest with ``LeaseExpired`` (``job.lease_expired``). The
+    guard is in the UPDATE itself, so two reapers never act twice.
+    """
+    d = dialect()
+    now = timezone.now()
+    expiry = "(leased_until < %s"
+    expiry_params: list[Any] = [d.ts(now)]
+    if worker_ids:
+        expiry += f" OR worker_id IN {d.in_list(len(worker_ids))}"
+        expiry_params += [d.uuid(w) for w in worker_ids]
+    expiry += ")"
+    # The conditions stand in the outer WHERE too: PostgreSQL rechecks them on
+    # the row it finally locks, so a job claimed again meanwhile is left alone.
+    pick = (
+        f"{expiry} AND lease_requeues {{op}} %s AND id IN (SELECT id FROM {JOB_TABLE} "
+        f"WHERE status = 'running' AND {expiry} AND lease_requeues {{op}} %s LIMIT {int(limit)})"
+    )
+    requeued = _move(
+        target=QUEUED,
+        where=pick.format(op="<"),
+        where_params=[*expiry_params, max_requeues, *expiry_params, max_requeues],
+        event=Event(
+            "job.lease_expired_requeue",
+            level="warning",
+            message="lease expired; requeued",
+        ),
+        assign={
+            **CLEAR_LEASE,
+            "lease_requeues": Sql("lease_requeues + 1"),
+            "attempts": DECREMENT_ATTEMPTS,
+            "run_after": now,
+            "worker_id": None,
+            "started_at": None,
+        },
+    )
+    failed = _move(
+        target=FAILED,
+        where=pick.format(op=">="),
+        where_params=[*expiry_params, max_requeues, *expiry_params, max_requeues],
+        event=Event(
+            "job.lease_expired",
+            level="error",
+            message=f"lease expired more than {max_requeues} times",
+            fields={"error_code": "LeaseExpired"},
+        ),
+        assign={
+            **CLEAR_LEASE,
+            "finished_at": now,
+            "error_code": "LeaseExpired",
+            "error_message": f"The job's lease expired more than {max_requeues} times.",
+        },
+    )
+    return [m.id for m in requeued], [m.id for m in failed]
+
+
+def fail_timed_out(
+    *, timeout_seconds: float, stall_seconds: float, limit: int = 500
+) -> list[uuid.UUID]:
+    """Fail jobs running longer than the timeout that also wrote no event for ``stall_seconds``."""
+    d = dialect()
+    now = timezone.now()
+    stale = "started_at < %s AND (last_event_at IS NULL OR last_event_at < %s)"
+    stale_params = [
+        d.ts(now - timedelta(seconds=timeout_seconds)),
+        d.ts(now - timedelta(seconds=stall_seconds)),
+    ]
+    message = (
+        f"Ran longer than {timeout_seconds:g} s with no event for {stall_seconds:g} s."
+    )
+    moved = _move(
+        target=FAILED,
+        where=(
+            f"{stale} AND id IN (SELECT id FROM {JOB_TABLE} WHERE status = 'running' AND {stale} "
+            f"LIMIT {int(limit)})"
+        ),
+        where_params=stale_params * 2,
+        event=Event("job.timeout", level="error", message=message, fields={"error_code": "JobTimeout"}),
+        assign={
+            **CLEAR_LEASE,
+            "finished_at": now,
+            "error_code": "JobTimeout",
+            "error_message": message,
+        },
+    )
+    return [m.id for m in moved]
