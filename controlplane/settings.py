@@ -26,6 +26,8 @@ ALLOWED_HOSTS = [
 
 INSTALLED_APPS = [
     "daphne",
+    # Before "channels": our runworker replaces Channels' command of that name.
+    "workers",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -37,7 +39,6 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "jobs",
-    "workers",
     "dashboard",
 ]
 

@@ -42,6 +42,7 @@ def claim_jobs(
     limit: int,
     lease_seconds: float,
     operations: Sequence[str] | None = None,
+    cap: int | None = None,
     using: str = "default",
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` claimable jobs in one statement and start them.
@@ -50,6 +51,10 @@ def claim_jobs(
     the pick is ``FOR UPDATE SKIP LOCKED`` and the ``job.started`` events are
     written by the same statement; on SQLite the IMMEDIATE transaction
     serialises claimers.
+
+    ``cap`` (one queue only) is horsies' cluster-wide cap: the claim takes an
+    advisory lock for the queue, counts its running jobs and claims at most
+    ``cap - running``, so concurrent workers never exceed it together.
     """
     if limit <= 0 or not queues:
         return []
@@ -86,6 +91,19 @@ def claim_jobs(
     params = [d.ts(now), d.ts(lease_until), d.uuid(worker_id), d.ts(now), *pick_params, d.ts(now)]
     worker_text = str(worker_id)
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        if cap is not None:
+            if len(queues) != 1:
+                raise ValueError("A concurrency cap applies to one queue at a time.")
+            if d.postgres:
+                cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"cap:{queues[0]}"])
+            cursor.execute(
+                f"SELECT count(*) FROM {JOB_TABLE} WHERE status = 'running' AND queue = %s",
+                [queues[0]],
+            )
+            free = cap - cursor.fetchone()[0]
+            if free <= 0:
+                return []
+            params[-2] = min(limit, free)  # the LIMIT of the pick
         if d.postgres:
             # Plans cached on a nearly empty table would keep a sequential
             # scan as the table grows; plan every claim afresh.

@@ -1,0 +1,329 @@
+"""The worker: claim in batches sized to free slots, run in threads, finish in batches.
+
+One main thread loops: write the completions that piled up (one transaction
+for all of them), claim up to the free slots (one statement per queue group),
+hand the claimed work to the thread pool, then sleep until woken (a NOTIFY,
+a finished job, a signal) or until ``POLL_SECONDS`` pass.
+
+Connection budget per worker process (size fleets against ``max_connections``):
+one for the main loop, one per concurrent job thread, one for the heartbeat,
+one for the LISTEN connection on PostgreSQL: ``concurrency + 3``. Atomic
+operations that ``emit`` add one independent connection per job thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Union
+
+from django.db import connection
+
+from jobs import transitions
+from jobs.batches import claim_messages
+from jobs.claims import ClaimedJob, Completion, claim_jobs, complete_jobs, extend_leases
+from jobs.exceptions import LeaseLost
+from jobs.independent import independent_connection
+from jobs.models import Queue, QueueKind, Worker, WorkerKind
+from jobs.operations import OperationRegistry, registry as default_registry
+from workers.batch_runner import MessageFlight, extend_visibility, release_messages, run_message
+from workers.config import WorkerConfig
+from workers.execution import InFlight, JobRunner
+from workers.heartbeat import HeartbeatLoop
+from workers.listener import NotifyListener
+from workers.resilience import backoff_delay, is_transient, reset_connection, with_db_retry
+from workers.shutdown import EXIT_GRACE_RAN_OUT, EXIT_GRACEFUL, ShutdownGuard
+
+log = logging.getLogger("workers")
+
+Flight = Union[InFlight, MessageFlight]
+
+
+class JobWorker:
+    """Serves job queues and batch queues alike; each queue's kind decides.
+
+    Subclass and override the hooks (Sourcegraph's PreDequeue / PreHandle /
+    PostHandle) to add a budget or per-job set-up.
+    """
+
+    def __init__(self, config: WorkerConfig, *, registry: OperationRegistry | None = None) -> None:
+        self.config = config
+        self.id = uuid.UUID(config.worker_id) if config.worker_id else uuid.uuid4()
+        self.wake = threading.Event()
+        self.guard = ShutdownGuard(self.wake)
+        self._lock = threading.Lock()
+        self._flights: dict[object, Flight] = {}
+        self._completions: list[Completion] = []
+        self._pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="job")
+        self._runner = JobRunner(
+            registry or default_registry,
+            retry_backoff_seconds=config.retry_backoff_seconds,
+            retry_backoff_max_seconds=config.retry_backoff_max_seconds,
+            pre_handle=self.pre_handle,
+            post_handle=self.post_handle,
+        )
+        self._queue_settings: dict[str, tuple[bool, int | None, str]] = {}
+        self._queue_settings_read = 0.0
+        self._listener: NotifyListener | None = None
+        self._heartbeat = HeartbeatLoop(self._beat, interval_seconds=config.heartbeat_seconds)
+
+    # --- hooks ---------------------------------------------------------------
+    def pre_dequeue(self) -> bool:
+        """Return False to skip claiming this round (a budget, a maintenance window)."""
+        return True
+
+    def pre_handle(self, job: ClaimedJob) -> None:
+        """Runs in the job's thread before its operation."""
+
+    def post_handle(self, job: ClaimedJob, outcome: str) -> None:
+        """Runs in the job's thread after its outcome was recorded."""
+
+    # --- lifecycle -----------------------------------------------------------
+    def run(self, *, install_signals: bool = True) -> int:
+        """Serve until stopped (or, with ``burst``, until nothing is claimable); return the exit code."""
+        if install_signals:
+            self.guard.install()
+        self._register()
+        self._heartbeat.start()
+        if connection.vendor == "postgresql" and not self.config.poll_only:
+            self._listener = NotifyListener(self.config.queues, self.wake)
+            self._listener.start()
+        log.info(
+            "worker.started id=%s queues=%s concurrency=%d pid=%d",
+            self.id, ",".join(self.config.queues), self.config.concurrency, os.getpid(),
+        )
+        code = EXIT_GRACEFUL
+        try:
+            self._loop()
+            code = self._drain()
+        finally:
+            self._stop_services(code)
+        log.info("worker.stopped id=%s exit=%d", self.id, code)
+        return code
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self.guard.stopping.is_set():
+            self.wake.clear()
+            try:
+                self._flush_completions()
+                claimed = self._claim_pass()
+                failures = 0
+            except Exception as error:
+                if not is_transient(error):
+                    raise
+                delay = backoff_delay(failures)
+                failures += 1
+                log.warning("worker.db_unavailable delay=%.2fs error=%s", delay, error)
+                reset_connection()
+                self.guard.stopping.wait(delay)
+                continue
+            if self.config.burst and not claimed and self._idle():
+                log.info("worker.burst_done id=%s", self.id)
+                return
+            if claimed and self._free_slots() > 0:
+                continue  # there may be more
+            self.wake.wait(self.config.poll_seconds)
+
+    def _drain(self) -> int:
+        """Let in-flight work finish within the grace, then requeue what is left."""
+        deadline = self.guard.grace_deadline(self.config.shutdown_grace_seconds)
+        while not self._idle() and time.monotonic() < deadline:
+            self._flush_completions_safely()
+            self.wake.wait(min(0.05, max(deadline - time.monotonic(), 0)))
+            self.wake.clear()
+        self._flush_completions_safely()
+        with self._lock:
+            left = list(self._flights.values())
+        if not left:
+            return EXIT_GRACEFUL
+        for flight in left:
+            flight.cancel.set()
+        self._requeue_on_shutdown([f for f in left if isinstance(f, InFlight)])
+        release_messages([f.message.id for f in left if isinstance(f, MessageFlight)])
+        return EXIT_GRACE_RAN_OUT
+
+    def _requeue_on_shutdown(self, flights: list[InFlight]) -> None:
+        for flight in flights:
+            job = flight.job
+            try:
+                with_db_retry(
+                    lambda: transitions.requeue_job(
+                        job.id, lease_token=job.lease_token,
+                        reason="worker shutdown: the grace period ran out",
+                    ),
+                    what="requeue_on_shutdown",
+                    attempts=3,
+                )
+                log.warning("job.requeued job_id=%s reason=shutdown", job.id)
+            except LeaseLost:
+                continue
+            except Exception:  # noqa: BLE001 - cannot requeue: force-fail on a fresh connection
+                try:
+                    with independent_connection() as alias:
+                        transitions.fail_job(
+                            job.id, lease_token=job.lease_token, error_code="WorkerShutdown",
+                            error_message="The worker shut down and could not requeue the job.",
+                            using=alias,
+                        )
+                except Exception:  # noqa: BLE001 - the lease expires; the reaper takes over
+                    log.exception("job.shutdown_unrecorded job_id=%s", job.id)
+
+    def _stop_services(self, code: int) -> None:
+        self._heartbeat.stop()
+        if self._listener is not None:
+            self._listener.stop()
+        try:
+            Worker.objects.filter(pk=self.id).delete()
+        except Exception:  # noqa: BLE001 - the reaper sweeps a worker row left behind
+            log.warning("worker.unregister_failed id=%s", self.id)
+        self._pool.shutdown(wait=code == EXIT_GRACEFUL, cancel_futures=True)
+
+    # --- registration and heartbeat -------------------------------------------
+    def _register(self) -> None:
+        with_db_retry(
+            lambda: Worker.objects.update_or_create(
+                pk=self.id,
+                defaults={
+                    "name": self.config.name,
+                    "kind": WorkerKind.LOCAL,
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "queues": list(self.config.queues),
+                    "concurrency": self.config.concurrency,
+                },
+            ),
+            what="register",
+            attempts=1000,
+        )
+
+    def _beat(self) -> None:
+        with self._lock:
+            jobs = [(f.job.id, f.job.lease_token) for f in self._flights.values() if isinstance(f, InFlight)]
+            messages = [f.message.id for f in self._flights.values() if isinstance(f, MessageFlight)]
+        lost = extend_leases(worker_id=self.id, held=jobs, lease_seconds=self.config.lease_seconds)
+        extend_visibility(messages, self.config.batch_visibility_seconds)
+        if not Worker.objects.filter(pk=self.id).exists():
+            self._register()  # swept while unreachable: come back under the same id
+        for job_id in lost:
+            with self._lock:
+                flight = self._flights.get(job_id)
+            if flight is not None and not flight.cancel.is_set():
+                log.warning("job.lease_lost job_id=%s (cancelled or taken over)", job_id)
+                flight.cancel.set()
+
+    # --- claiming --------------------------------------------------------------
+    def _free_slots(self) -> int:
+        with self._lock:
+            return self.config.concurrency - len(self._flights)
+
+    def _idle(self) -> bool:
+        with self._lock:
+            return not self._flights and not self._completions
+
+    def _settings(self) -> dict[str, tuple[bool, int | None, str]]:
+        """(paused, cap, kind) per served queue, re-read at most once a second."""
+        now = time.monotonic()
+        if now - self._queue_settings_read > self.config.queue_settings_ttl:
+            rows = {
+                q.name: (q.paused, q.concurrency_cap, q.kind)
+                for q in Queue.objects.filter(name__in=self.config.queues)
+            }
+            self._queue_settings = {
+                name: rows.get(name, (False, None, Queue.default_kind(name)))
+                for name in self.config.queues
+            }
+            self._queue_settings_read = now
+        return self._queue_settings
+
+    def _claim_pass(self) -> int:
+        free = self._free_slots()
+        if free <= 0 or not self.pre_dequeue():
+            return 0
+        settings = self._settings()
+        open_queues = [q for q in self.config.queues if not settings[q][0]]
+        job_queues = [q for q in open_queues if settings[q][2] == QueueKind.JOB]
+        uncapped = [q for q in job_queues if settings[q][1] is None]
+        claimed = 0
+        if uncapped:
+            claimed += self._start_jobs(uncapped, free, None)
+        for queue in job_queues:
+            cap = settings[queue][1]
+            if cap is not None and free - claimed > 0:
+                claimed += self._start_jobs([queue], free - claimed, cap)
+        for queue in open_queues:
+            if settings[queue][2] == QueueKind.BATCH and free - claimed > 0:
+                messages = claim_messages(
+                    queue=queue, limit=free - claimed,
+                    visibility_seconds=self.config.batch_visibility_seconds,
+                )
+                for message in messages:
+                    self._submit(message.id, MessageFlight(message))
+                claimed += len(messages)
+        return claimed
+
+    def _start_jobs(self, queues: list[str], limit: int, cap: int | None) -> int:
+        jobs = claim_jobs(
+            queues=queues, worker_id=self.id, limit=limit,
+            lease_seconds=self.config.lease_seconds, cap=cap,
+        )
+        for job in jobs:
+            log.info(
+                "job.claimed job_id=%s operation=%s queue=%s attempt=%d",
+                job.id, job.operation, job.queue, job.attempt,
+            )
+            self._submit(job.id, InFlight(job))
+        return len(jobs)
+
+    def _submit(self, key: object, flight: Flight) -> None:
+        with self._lock:
+            self._flights[key] = flight
+        self._pool.submit(self._execute, key, flight)
+
+    # --- execution and completion ------------------------------------------------
+    def _execute(self, key: object, flight: Flight) -> None:
+        try:
+            if isinstance(flight, InFlight):
+                outcome = self._runner.run(flight)
+                if outcome.completion is not None:
+                    with self._lock:
+                        self._completions.append(outcome.completion)
+                    return
+            else:
+                run_message(flight)
+            with self._lock:
+                self._flights.pop(key, None)
+        finally:
+            self.wake.set()
+
+    def _flush_completions(self) -> None:
+        """Write every pending success in one transaction (each still fenced by its token)."""
+        with self._lock:
+            batch, self._completions = self._completions, []
+        if not batch:
+            return
+        try:
+            moved = set(with_db_retry(lambda: complete_jobs(batch), what="complete", attempts=3))
+        except Exception:
+            with self._lock:
+                self._completions[:0] = batch  # keep them; the leases are still ours
+            raise
+        with self._lock:
+            for completion in batch:
+                self._flights.pop(completion.job_id, None)
+        for completion in batch:
+            if completion.job_id not in moved:
+                log.warning("job.lease_lost job_id=%s (finished after cancel or takeover)", completion.job_id)
+
+    def _flush_completions_safely(self) -> None:
+        try:
+            self._flush_completions()
+        except Exception as error:  # noqa: BLE001 - during shutdown, keep draining
+            log.warning("worker.flush_failed error=%s", error)
+            reset_connection()
+

@@ -1,0 +1,263 @@
+"""Session 2 of the two-session pattern: run one claimed job and record its outcome.
+
+The claim (session 1) committed ``running`` + ``job.started`` + the lease
+before we get here. Nothing here holds a transaction open while the
+operation runs, unless the operation asked for atomic execution. Every
+write is fenced by the lease token: a job that was cancelled or taken over
+meanwhile is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection, transaction
+
+from jobs import transitions
+from jobs.claims import ClaimedJob, Completion
+from jobs.exceptions import (
+    ControlPlaneError,
+    JobCancelled,
+    LeaseLost,
+    RetryLaterError,
+    UnknownOperation,
+)
+from jobs.independent import independent_connection
+from jobs.models import Job
+from jobs.operations import JobContext, Operation, OperationResult, OperationRegistry
+from jobs.states import CANCELLED
+from workers.resilience import is_transient, reset_connection, with_db_retry
+
+log = logging.getLogger("workers")
+
+
+@dataclass
+class InFlight:
+    job: ClaimedJob
+    cancel: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to a run; ``completion`` is set when success awaits a batched write."""
+
+    status: str
+    completion: Completion | None = None
+    error: BaseException | None = None
+
+
+def backoff_seconds(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff with full jitter in [0.5, 1.0] of the step, capped."""
+    step = min(cap, base * (2 ** max(attempt - 1, 0)))
+    return step * random.uniform(0.5, 1.0)
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _emitter(job: ClaimedJob) -> Callable[..., int]:
+    """``emit`` for an operation: visible at once, even inside the operation's own transaction."""
+
+    def emit(*, event: str, message: str | None, level: str, fields: dict[str, Any]) -> int:
+        kwargs = dict(
+            event=event,
+            message=message,
+            level=level,
+            fields=_json_safe(fields),
+            lease_token=job.lease_token,
+        )
+        if connection.in_atomic_block and connection.vendor == "postgresql":
+            with independent_connection() as alias:
+                return transitions.emit_event(job.id, using=alias, **kwargs)
+        return transitions.emit_event(job.id, **kwargs)
+
+    return emit
+
+
+class JobRunner:
+    """Runs claimed jobs; one instance per worker, called from its pool threads."""
+
+    def __init__(
+        self,
+        registry: OperationRegistry,
+        *,
+        retry_backoff_seconds: float,
+        retry_backoff_max_seconds: float,
+        pre_handle: Callable[[ClaimedJob], None] | None = None,
+        post_handle: Callable[[ClaimedJob, str], None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.retry_backoff_seconds = retry_backoff_seconds
+        self.retry_backoff_max_seconds = retry_backoff_max_seconds
+        self.pre_handle = pre_handle
+        self.post_handle = post_handle
+
+    def run(self, flight: InFlight) -> Outcome:
+        job = flight.job
+        try:
+            outcome = self._run(flight)
+        except Exception as error:  # noqa: BLE001 - last line of defence: never stuck in running
+            log.exception("job.record_failed job_id=%s", job.id)
+            outcome = self._fail_fresh(job, "WorkerError", f"{type(error).__name__}: {error}")
+        duration = time.monotonic() - flight.started
+        log.info(
+            "job.%s job_id=%s operation=%s queue=%s attempt=%d duration_ms=%d",
+            outcome.status, job.id, job.operation, job.queue, job.attempt, duration * 1000,
+        )
+        if self.post_handle is not None:
+            try:
+                self.post_handle(job, outcome.status)
+            except Exception:  # noqa: BLE001 - hooks must not break the worker
+                log.exception("hook.post_handle_failed job_id=%s", job.id)
+        return outcome
+
+    def _run(self, flight: InFlight) -> Outcome:
+        job = flight.job
+        if job.expired:
+            return self._fail(job, "JobExpired", "The job expired before a worker could run it.")
+        try:
+            op = self.registry.get(job.operation)
+        except UnknownOperation:
+            return self._fail(job, "UnknownOperation", f"No operation named {job.operation!r} is registered on this worker.")
+        if job.parent_id and Job.objects.filter(pk=job.parent_id, status=CANCELLED).exists():
+            transitions.cancel_jobs([job.id], reason="parent cancelled before the child ran")
+            return Outcome("cancelled")
+        ctx = JobContext(job, emitter=_emitter(job), cancel_event=flight.cancel)
+        if self.pre_handle is not None:
+            self.pre_handle(job)
+        try:
+            op.before(ctx)
+            if op.atomic:
+                return self._run_atomic(op, ctx, flight)
+            value = op.execute(ctx, job.payload)
+        except BaseException as error:  # noqa: BLE001
+            outcome = self._handle_error(op, flight, error)
+            self._after(op, ctx, outcome)
+            return outcome
+        outcome = self._handle_value(op, flight, value, atomic=False)
+        self._after(op, ctx, outcome)
+        return outcome
+
+    def _run_atomic(self, op: Operation, ctx: JobContext, flight: InFlight) -> Outcome:
+        """The operation's writes commit with the success transition, or not at all."""
+        try:
+            with transaction.atomic():
+                value = op.execute(ctx, flight.job.payload)
+                outcome = self._handle_value(op, flight, value, atomic=True)
+        except BaseException as error:  # noqa: BLE001
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            outcome = self._handle_error(op, flight, error)
+        self._after(op, ctx, outcome)
+        return outcome
+
+    def _after(self, op: Operation, ctx: JobContext, outcome: Outcome) -> None:
+        try:
+            op.after(ctx, outcome.status, outcome.error)
+        except Exception:  # noqa: BLE001
+            log.exception("hook.after_failed job_id=%s", ctx.job_id)
+
+    def _handle_value(self, op: Operation, flight: InFlight, value: Any, *, atomic: bool) -> Outcome:
+        job = flight.job
+        result = value
+        progress = None
+        deferred = False
+        if isinstance(value, OperationResult):
+            result, deferred = value.result, value.deferred
+            if value.progress_current is not None or value.progress_total is not None:
+                progress = (value.progress_current, value.progress_total)
+        if isinstance(result, dict) and ("_progress_current" in result or "_progress_total" in result):
+            progress = (result.get("_progress_current"), result.get("_progress_total"))
+        try:
+            result = _json_safe(result)
+        except (TypeError, ValueError) as error:
+            return self._fail(job, "ResultNotSerializable", f"The result is not JSON: {error}")
+        if flight.cancel.is_set():
+            return Outcome("cancelled")
+        try:
+            if deferred:
+                transitions.defer_job(job.id, lease_token=job.lease_token, result=result, progress=progress)
+                return Outcome("deferred")
+            completion = Completion(
+                job.id, job.lease_token, result, progress,
+                int((time.monotonic() - flight.started) * 1000),
+            )
+            if atomic:
+                transitions.complete_job(
+                    job.id, lease_token=job.lease_token, result=result, progress=progress,
+                    event_fields={"duration_ms": completion.duration_ms},
+                )
+                return Outcome("succeeded")
+            return Outcome("succeeded", completion=completion)
+        except LeaseLost:
+            return Outcome("lease_lost")
+
+    def _handle_error(self, op: Operation, flight: InFlight, error: BaseException) -> Outcome:
+        job = flight.job
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            raise error
+        if isinstance(error, JobCancelled) or flight.cancel.is_set():
+            return Outcome("cancelled", error=error)
+        if isinstance(error, LeaseLost):
+            return Outcome("lease_lost", error=error)
+        if connection.in_atomic_block is False and is_transient(error):
+            reset_connection()
+        if isinstance(error, RetryLaterError):
+            try:
+                with_db_retry(
+                    lambda: transitions.retry_job_later(
+                        job.id, lease_token=job.lease_token, reason=error.reason,
+                        delay_seconds=error.delay_seconds,
+                    ),
+                    what="retry_later",
+                )
+                return Outcome("retry_later", error=error)
+            except LeaseLost:
+                return Outcome("lease_lost", error=error)
+        retryable = op.is_retryable(error) and job.attempt < job.max_attempts
+        delay = backoff_seconds(job.attempt, self.retry_backoff_seconds, self.retry_backoff_max_seconds)
+        return self._fail(
+            job, type(error).__name__, str(error) or type(error).__name__,
+            retryable=retryable, backoff=delay, error=error,
+        )
+
+    def _fail(
+        self, job: ClaimedJob, code: str, message: str, *, retryable: bool = False,
+        backoff: float | None = None, error: BaseException | None = None,
+    ) -> Outcome:
+        try:
+            status = with_db_retry(
+                lambda: transitions.fail_job(
+                    job.id, lease_token=job.lease_token, error_code=code, error_message=message,
+                    retryable=retryable, backoff_seconds=backoff,
+                ),
+                what="fail",
+            )
+        except (LeaseLost, ControlPlaneError):
+            return Outcome("lease_lost", error=error)
+        except Exception:  # noqa: BLE001 - the session is broken; try a fresh one
+            return self._fail_fresh(job, code, message)
+        return Outcome("retry_scheduled" if status == "queued" else "failed", error=error)
+
+    def _fail_fresh(self, job: ClaimedJob, code: str, message: str) -> Outcome:
+        """Mark the job failed on a brand-new connection when ours cannot commit."""
+        try:
+            with independent_connection() as alias:
+                transitions.fail_job(
+                    job.id, lease_token=job.lease_token, error_code=code, error_message=message, using=alias,
+                )
+            return Outcome("failed")
+        except LeaseLost:
+            return Outcome("lease_lost")
+        except Exception:  # noqa: BLE001 - the lease will expire and the reaper takes over
+            log.exception("job.fail_fresh_failed job_id=%s", job.id)
+            return Outcome("lost")

@@ -1,0 +1,72 @@
+"""Wake-up hints from PostgreSQL ``LISTEN``/``NOTIFY``.
+
+A NOTIFY carries only a queue name and is a hint: the worker always claims
+from the table, and polls every ``POLL_SECONDS`` anyway, so a lost
+notification costs latency, never a job. The listener owns one dedicated
+connection, checks its health while idle and reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+import psycopg
+from django.db import connections
+
+from jobs.enqueue import NOTIFY_CHANNEL
+from workers.resilience import backoff_delay
+
+log = logging.getLogger("workers")
+
+
+def _conninfo(alias: str = "default") -> dict:
+    settings = connections[alias].get_connection_params()
+    settings.pop("cursor_factory", None)
+    settings.pop("context", None)
+    settings.pop("prepare_threshold", None)
+    settings.pop("server_side_binding", None)
+    return settings
+
+
+class NotifyListener:
+    """A daemon thread that sets ``wake`` when a NOTIFY names one of ``queues``."""
+
+    def __init__(self, queues: Iterable[str], wake: threading.Event, *, health_seconds: float = 5.0) -> None:
+        self.queues = set(queues)
+        self.wake = wake
+        self.health_seconds = health_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="notify-listener", daemon=True)
+        self.connected = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                params = _conninfo()
+                with psycopg.connect(autocommit=True, connect_timeout=5, **params) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.connected.set()
+                    failures = 0
+                    # Anything enqueued while we were away is found by the next claim.
+                    self.wake.set()
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=self.health_seconds, stop_after=64):
+                            if note.payload in self.queues:
+                                self.wake.set()
+                        conn.execute("SELECT 1")  # health check while idle
+            except Exception as error:  # noqa: BLE001 - any failure means reconnect
+                self.connected.clear()
+                delay = backoff_delay(failures)
+                failures += 1
+                log.warning("listener.reconnect delay=%.2fs error=%s", delay, error)
+                self.wake.set()
+                self._stop.wait(delay)

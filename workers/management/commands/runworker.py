@@ -1,0 +1,67 @@
+import argparse
+import logging
+import os
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from workers.config import WorkerConfig
+from workers.engine import JobWorker
+from workers.supervisor import Supervisor
+
+
+class Command(BaseCommand):
+    help = "Run a worker for job queues and batch queues (the queue's kind decides)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--queue", action="append", required=True, dest="queues")
+        parser.add_argument("--concurrency", type=int, default=1, help="jobs at once (threads)")
+        parser.add_argument("--processes", type=int, default=0, help="isolated child processes")
+        parser.add_argument("--burst", action="store_true", help="exit once nothing is claimable")
+        parser.add_argument("--name", default=None)
+        parser.add_argument("--worker-id", default=None, help=argparse.SUPPRESS)
+        parser.add_argument("--lease-seconds", type=float)
+        parser.add_argument("--heartbeat-seconds", type=float)
+        parser.add_argument("--poll-seconds", type=float)
+        parser.add_argument("--shutdown-grace-seconds", type=float)
+        parser.add_argument("--poll-only", action="store_true", help="no LISTEN (transaction poolers)")
+
+    def handle(self, *args, **o) -> None:
+        logging.getLogger("workers").setLevel(logging.INFO)
+        if o["processes"] and o["processes"] > 1:
+            child_args = [a for q in o["queues"] for a in ("--queue", q)]
+            child_args += ["--concurrency", str(o["concurrency"])]
+            if o["burst"]:
+                child_args.append("--burst")
+            if o["poll_only"]:
+                child_args.append("--poll-only")
+            for flag in ("lease_seconds", "heartbeat_seconds", "poll_seconds", "shutdown_grace_seconds"):
+                if o[flag] is not None:
+                    child_args += [f"--{flag.replace('_', '-')}", str(o[flag])]
+            sys.exit(Supervisor(child_args, o["processes"], burst=o["burst"]).run())
+        overrides = {
+            k: o[k]
+            for k in ("lease_seconds", "heartbeat_seconds", "poll_seconds", "shutdown_grace_seconds")
+            if o[k] is not None
+        }
+        if o["poll_only"]:
+            overrides["poll_only"] = True
+        if o["name"]:
+            overrides["name"] = o["name"]
+        try:
+            config = WorkerConfig(
+                queues=tuple(dict.fromkeys(o["queues"])),
+                concurrency=o["concurrency"],
+                burst=o["burst"],
+                worker_id=o["worker_id"],
+                **overrides,
+            )
+        except ValueError as error:
+            raise CommandError(str(error)) from error
+        code = JobWorker(config).run()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if code != 0:
+            os._exit(code)  # do not wait for operation threads that ran past the grace
+        sys.exit(0)
+
