@@ -14,7 +14,7 @@ from typing import Any
 from django.utils import timezone
 
 from jobs.dialect import dialect
-from jobs.states import FAILED, QUEUED
+from jobs.states import FAILED, QUEUED, RUNNING
 from jobs.transitions import CLEAR_LEASE, DECREMENT_ATTEMPTS, JOB_TABLE, Event, Sql, _move
 
 # --- rescues by the reaper ------------------------------------------------
@@ -44,6 +44,7 @@ def requeue_expired_leases(
     )
     requeued = _move(
         target=QUEUED,
+        sources=(RUNNING,),  # never resurrect a cancelled or failed job
         where=pick.format(op="<"),
         where_params=[*expiry_params, max_requeues, *expiry_params, max_requeues],
         event=Event(

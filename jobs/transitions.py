@@ -40,6 +40,13 @@ class Sql(str):
     """An assignment given as an SQL expression rather than a value."""
 
 
+class Json:
+    """A value for a JSON column, whatever its Python type (a bare 5 or "done" too)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 DECREMENT_ATTEMPTS = Sql("CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END")
 CLEAR_LEASE = {"leased_until": None, "lease_token": None}
 
@@ -63,6 +70,8 @@ class Event:
 def _adapt(d: Dialect, value: Any) -> tuple[str, list[Any]]:
     if isinstance(value, Sql):
         return str(value), []
+    if isinstance(value, Json):
+        return d.json_param, [d.json(value.value)]
     if value is None:
         return "NULL", []
     if isinstance(value, datetime):
@@ -193,7 +202,7 @@ def complete_job(
         lease_token=lease_token,
         event=Event("job.succeeded", fields=event_fields or {}),
         assign={
-            "result": Sql("NULL") if result is None else result,
+            "result": Sql("NULL") if result is None else Json(result),
             "finished_at": now,
             "error_code": "",
             "error_message": "",
@@ -219,7 +228,8 @@ def defer_job(
     """
     d = dialect(using)
     now = timezone.now()
-    assign = {"result": result, **CLEAR_LEASE, **_progress_assign(progress)}
+    stored = None if result is None else Json(result)
+    assign = {"result": stored, **CLEAR_LEASE, **_progress_assign(progress)}
     sets, params = ["last_event_seq = last_event_seq + 1", "last_event_at = %s"], [d.ts(now)]
     for column, value in assign.items():
         sql, values = _adapt(d, value)
@@ -259,6 +269,7 @@ def fail_job(
         if retryable and backoff_seconds is not None:
             moved = _move(
                 target=QUEUED,
+                sources=(RUNNING,),  # never resurrect a cancelled or failed job
                 job_ids=[job_id],
                 lease_token=lease_token,
                 where="attempts < max_attempts",
@@ -301,6 +312,7 @@ def retry_job_later(
     return _move_one(
         job_id,
         target=QUEUED,
+        sources=(RUNNING,),  # never resurrect a cancelled or failed job
         lease_token=lease_token,
         event=Event(
             "job.retry_later",
@@ -329,6 +341,7 @@ def requeue_job(
     return _move_one(
         job_id,
         target=QUEUED,
+        sources=(RUNNING,),  # never resurrect a cancelled or failed job
         lease_token=lease_token,
         event=Event("job.requeued", level="warning", message=reason, fields={"reason": reason}),
         assign={
