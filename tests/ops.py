@@ -1,0 +1,30 @@
+"""Operations used only by tests (loaded in worker subprocesses via OPERATION_MODULES)."""
+
+import os
+
+from jobs.operations import Operation, operation, registry
+
+
+@operation("test.crash")
+def crash(ctx, payload):
+    """Kills its own process, like a segfault or an OOM kill would."""
+    os._exit(int(payload.get("code", 1)))
+
+
+class AtomicWrite(Operation):
+    """Writes an event row in its own transaction, then fails or succeeds."""
+
+    name = "test.atomic"
+    atomic = True
+
+    def execute(self, ctx, payload):
+        from jobs.models import Queue
+
+        Queue.objects.create(name=payload["queue_name"])
+        ctx.emit("atomic.wrote", queue=payload["queue_name"])
+        if payload.get("fail"):
+            raise RuntimeError("atomic failure")
+        return {"ok": True}
+
+
+registry.register(AtomicWrite)
