@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 from django.utils import timezone
 
@@ -100,11 +101,11 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
             errors[name if len(specs) == 1 else f"{index}.{name}"] = messages
     if errors:
         raise EnqueueError("The job was not enqueued: fix the fields named in 'errors'.", errors)
-    parents = {str(s.parent) for s in specs if s.parent}
+    parents = {_canonical_id(s.parent) for s in specs if s.parent}
     if parents:
         try:
             found = {str(p) for p in Job.objects.using(using).filter(pk__in=parents).values_list("pk", flat=True)}
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, ValidationError):  # not a UUID: reported as missing
             found = set()
         missing = parents - found
         if missing:
@@ -131,6 +132,14 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
         else:
             result.append(existing[job.idempotency_key])
     return result
+
+
+def _canonical_id(value: Any) -> str:
+    """A job id as the database returns it (hyphenated), so a hex id is found too."""
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        return str(value)
 
 
 def enqueue(operation: str, payload: dict[str, Any] | None = None, **options: Any) -> Job:
