@@ -1,3 +1,9 @@
 """WebSocket routes for remote workers (/ws/workers/<id>)."""
 
-websocket_urlpatterns: list = []
+from django.urls import re_path
+
+from jobs.consumers import WorkerConsumer
+
+websocket_urlpatterns = [
+    re_path(r"^ws/workers/(?P<worker_id>[^/]+)/?$", WorkerConsumer.as_asgi()),
+]

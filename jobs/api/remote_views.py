@@ -1,28 +1,258 @@
-"""Remote-worker handlers called by the REST views for methods only remote workers use.
+"""REST handlers for remote workers (CONTRACT.md, "Remote workers over HTTP").
 
-Each takes the DRF request (and ids) and returns a DRF Response.
+Thin: parse the body, call ``jobs.remote``, render. ``register_worker``,
+``heartbeat_worker``, ``disconnect_worker`` and ``post_event`` are called by
+the general views of ``/workers``, ``/workers/<id>`` and ``/jobs/<id>/events``
+for the methods only remote workers use; claim, complete and fail have their
+own views here (routed in ``remote_urls``). Every error has the one shape
+``{"message", "errors"}``.
 """
 
 from __future__ import annotations
 
+import functools
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from rest_framework import permissions, serializers, status
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs import remote
+from jobs.api.errors import error_response
+from jobs.claims import ClaimedJob
+from jobs.conf import knob
+from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
+from jobs.models import Worker
+
+PERMISSION = "jobs.run_remote_jobs"
 
 
-def _not_yet() -> Response:
-    return Response({"message": "Remote workers are not available yet.", "errors": {}}, status=501)
+class CanRunRemoteJobs(permissions.BasePermission):
+    """Authenticated, and holding ``jobs.run_remote_jobs``."""
+
+    message = (
+        "This account may not run remote workers; ask an administrator for the "
+        "'jobs.run_remote_jobs' permission."
+    )
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        return bool(user and user.is_authenticated and user.has_perm(PERMISSION))
 
 
-def register_worker(request) -> Response:  # POST /workers
-    return _not_yet()
+def _check_permission(request: Request) -> None:
+    if not CanRunRemoteJobs().has_permission(request, None):
+        raise PermissionDenied(CanRunRemoteJobs.message)
 
 
-def heartbeat_worker(request, worker_id) -> Response:  # PATCH /workers/<id>
-    return _not_yet()
+def remote_endpoint(handler: Callable[..., Response]) -> Callable[..., Response]:
+    """Check the permission and render the protocol's errors in the one shape."""
+
+    @functools.wraps(handler)
+    def wrapper(request: Request, *args: Any, **kwargs: Any) -> Response:
+        _check_permission(request)
+        try:
+            return handler(request, *args, **kwargs)
+        except remote.RemoteRequestError as error:
+            return error_response(error.message, error.status_code, error.errors)
+        except JobCancelled as error:
+            return error_response(str(error), status.HTTP_409_CONFLICT, {"status": ["cancelled"]})
+        except LeaseLost as error:
+            return error_response(
+                str(error), status.HTTP_409_CONFLICT, {"status": [str(error.status or "")]}
+            )
+        except IllegalTransition as error:
+            return error_response(str(error), status.HTTP_409_CONFLICT, {"status": [error.source]})
+        except JobNotFound as error:
+            return error_response(str(error), status.HTTP_404_NOT_FOUND)
+
+    return wrapper
 
 
-def disconnect_worker(request, worker_id) -> Response:  # DELETE /workers/<id>
-    return _not_yet()
+def _body(request: Request, serializer_class: type[serializers.Serializer]) -> dict[str, Any]:
+    if not isinstance(request.data, dict):
+        raise remote.RemoteRequestError("The request body must be a JSON object.")
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
 
 
-def post_event(request, job_id) -> Response:  # POST /jobs/<id>/events
-    return _not_yet()
+def _job_id(value: Any) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise JobNotFound(value) from None
+
+
+# --- bodies -------------------------------------------------------------------------
+
+class RegisterBody(serializers.Serializer):
+    name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+    queues = serializers.ListField(child=serializers.CharField(max_length=200), required=False)
+    operations = serializers.JSONField()
+    concurrency = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=1)
+    hostname = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    pid = serializers.IntegerField(required=False, allow_null=True, default=None)
+
+
+class HeldJob(serializers.Serializer):
+    id = serializers.UUIDField()
+    lease_token = serializers.UUIDField()
+
+
+class HeartbeatBody(serializers.Serializer):
+    held = HeldJob(many=True, required=False, allow_null=True, default=None)
+
+
+class ClaimBody(serializers.Serializer):
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=1)
+    wait = serializers.FloatField(required=False, min_value=0, default=0)
+
+
+class EventBody(serializers.Serializer):
+    lease_token = serializers.CharField()
+    event = serializers.CharField(max_length=200)
+    message = serializers.CharField(required=False, allow_blank=True, default="")
+    level = serializers.ChoiceField(choices=["info", "warning", "error"], default="info")
+    fields = serializers.DictField(required=False, default=dict)
+
+
+class CompleteBody(serializers.Serializer):
+    lease_token = serializers.CharField()
+    result = serializers.JSONField(required=False, default=None)
+    deferred = serializers.BooleanField(required=False, default=False)
+
+
+class FailBody(serializers.Serializer):
+    lease_token = serializers.CharField()
+    error_code = serializers.CharField(max_length=200)
+    error_message = serializers.CharField(allow_blank=True)
+    retryable = serializers.BooleanField(required=False, default=False)
+
+
+# --- renderings -----------------------------------------------------------------------
+
+def worker_json(worker: Worker) -> dict[str, Any]:
+    return {
+        "id": str(worker.pk),
+        "name": worker.name,
+        "kind": worker.kind,
+        "hostname": worker.hostname,
+        "pid": worker.pid,
+        "queues": list(worker.queues),
+        "operations": list(worker.operations),
+        "concurrency": worker.concurrency,
+        "started_at": worker.started_at,
+        "last_heartbeat": worker.last_heartbeat,
+        # What the client needs to pace itself.
+        "heartbeat_interval": float(knob("HEARTBEAT_SECONDS")),
+        "lease_seconds": float(knob("LEASE_SECONDS")),
+        "worker_timeout": float(knob("WORKER_TIMEOUT_SECONDS")),
+        "poll_interval": float(knob("POLL_SECONDS")),
+        "max_wait": remote.MAX_WAIT_SECONDS,
+        "websocket": f"/ws/workers/{worker.pk}",
+    }
+
+
+def claimed_json(job: ClaimedJob) -> dict[str, Any]:
+    return {
+        "id": str(job.id),
+        "operation": job.operation,
+        "queue": job.queue,
+        "payload": job.payload,
+        "attempt": job.attempt,
+        "attempts": job.attempt,
+        "max_attempts": job.max_attempts,
+        "parent": str(job.parent_id) if job.parent_id else None,
+        "status": "running",
+        "lease_token": str(job.lease_token),
+    }
+
+
+# --- handlers delegated by the general views --------------------------------------------
+
+@remote_endpoint
+def register_worker(request: Request) -> Response:  # POST /workers
+    body = _body(request, RegisterBody)
+    worker = remote.register_worker(user=request.user, **body)
+    return Response(worker_json(worker), status=status.HTTP_201_CREATED)
+
+
+@remote_endpoint
+def heartbeat_worker(request: Request, worker_id: Any) -> Response:  # PATCH /workers/<id>
+    body = _body(request, HeartbeatBody) if request.data else {"held": None}
+    held = body.get("held")
+    pairs = [(h["id"], h["lease_token"]) for h in held] if held is not None else None
+    result = remote.heartbeat(worker_id=worker_id, user=request.user, held=pairs)
+    worker = remote.get_remote_worker(worker_id, user=request.user)
+    return Response({
+        **worker_json(worker),
+        "held": [str(i) for i in result.held],
+        "lost": [str(i) for i in result.lost],
+        "cancelled": [str(i) for i in result.cancelled],
+    })
+
+
+@remote_endpoint
+def disconnect_worker(request: Request, worker_id: Any) -> Response:  # DELETE /workers/<id>
+    requeued = remote.disconnect_worker(worker_id=worker_id, user=request.user)
+    return Response({"id": str(worker_id), "requeued": [str(i) for i in requeued]})
+
+
+@remote_endpoint
+def post_event(request: Request, job_id: Any) -> Response:  # POST /jobs/<id>/events
+    body = _body(request, EventBody)
+    seq = remote.post_event(job_id=_job_id(job_id), **body)
+    return Response({"job": str(job_id), "seq": seq}, status=status.HTTP_201_CREATED)
+
+
+# --- routes only remote workers use --------------------------------------------------------
+
+class RemoteView(APIView):
+    permission_classes = [CanRunRemoteJobs]
+
+
+class ClaimView(RemoteView):
+    """POST /workers/<id>/claim ``{limit?, wait?}`` -> ``{"jobs": [...]}``."""
+
+    @staticmethod
+    @remote_endpoint
+    def _claim(request: Request, worker_id: str) -> Response:
+        body = _body(request, ClaimBody) if request.data else {}
+        jobs = remote.claim(worker_id=worker_id, user=request.user, **body)
+        return Response({"jobs": [claimed_json(job) for job in jobs]})
+
+    def post(self, request: Request, worker_id: str) -> Response:
+        return self._claim(request, worker_id)
+
+
+class CompleteView(RemoteView):
+    """POST /jobs/<id>/complete ``{lease_token, result?, deferred?}``."""
+
+    @staticmethod
+    @remote_endpoint
+    def _complete(request: Request, job_id: str) -> Response:
+        body = _body(request, CompleteBody)
+        moved = remote.complete(job_id=_job_id(job_id), **body)
+        return Response({"id": str(job_id), "status": moved.value})
+
+    def post(self, request: Request, job_id: str) -> Response:
+        return self._complete(request, job_id)
+
+
+class FailView(RemoteView):
+    """POST /jobs/<id>/fail ``{lease_token, error_code, error_message, retryable?}``."""
+
+    @staticmethod
+    @remote_endpoint
+    def _fail(request: Request, job_id: str) -> Response:
+        body = _body(request, FailBody)
+        moved = remote.fail(job_id=_job_id(job_id), **body)
+        return Response({"id": str(job_id), "status": moved.value})
+
+    def post(self, request: Request, job_id: str) -> Response:
+        return self._fail(request, job_id)

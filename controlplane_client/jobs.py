@@ -1,0 +1,108 @@
+"""A job as a remote worker holds it, and what an operation may return or raise."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from controlplane_client.api import JobCancelledError, LeaseLostError
+
+if TYPE_CHECKING:
+    from controlplane_client.manager import JobManager
+
+__all__ = ["ClaimedJob", "Deferred", "RetryableError"]
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """Return this from an operation to leave its job ``running`` (a coordinator
+    whose batches close it later); ``result`` is stored meanwhile."""
+
+    result: Any = None
+
+
+class RetryableError(Exception):
+    """Raise this (or any exception with ``retryable = True``) for another attempt with backoff.
+
+    ``error_code`` defaults to the exception's class name.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str = "", *, error_code: str | None = None) -> None:
+        super().__init__(message)
+        if error_code:
+            self.error_code = error_code
+
+
+@dataclass(eq=False)
+class ClaimedJob:
+    """A claimed and started job, held under ``lease_token`` until it is reported.
+
+    ``emit``/``progress`` write to the job's timeline at once. Once the job
+    is cancelled or lost (requeued, reaped) they raise ``JobCancelledError``
+    or ``LeaseLostError``, and ``cancelled`` turns true (the heartbeat also
+    notices it), so a long operation should check it now and then.
+    """
+
+    id: str
+    operation: str
+    queue: str
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    lease_token: str
+    parent: str | None = None
+    _manager: JobManager | None = field(default=None, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    lost_reason: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], manager: JobManager | None = None) -> ClaimedJob:
+        return cls(
+            id=str(data["id"]),
+            operation=data["operation"],
+            queue=data.get("queue", "default"),
+            payload=data.get("payload") or {},
+            attempt=int(data.get("attempt", data.get("attempts", 1))),
+            max_attempts=int(data.get("max_attempts", 1)),
+            lease_token=str(data["lease_token"]),
+            parent=data.get("parent"),
+            _manager=manager,
+        )
+
+    # --- cancellation -------------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled or this worker lost it: stop working on it."""
+        return self._stop.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self.lost_reason == "cancelled":
+            raise JobCancelledError(409, f"Job {self.id} was cancelled; stop working on it.")
+        if self._stop.is_set():
+            raise LeaseLostError(409, f"Job {self.id} is no longer held by this worker.")
+
+    def wait_cancelled(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds, waking early on cancellation. True if cancelled."""
+        return self._stop.wait(timeout)
+
+    def mark_lost(self, reason: str) -> None:
+        self.lost_reason = self.lost_reason or reason
+        self._stop.set()
+
+    # --- timeline -------------------------------------------------------------
+    def emit(self, event: str, message: str | None = None, level: str = "info", **fields: Any) -> int:
+        """Append an event to this job's timeline; returns its ``seq``."""
+        if self._manager is None:
+            raise RuntimeError("This job is not attached to a JobManager.")
+        self.raise_if_cancelled()
+        return self._manager.emit(self, event, message, level=level, **fields)
+
+    def progress(self, current: int, total: int | None = None, message: str | None = None) -> int:
+        """Move the job's progress bar (a ``job.progress`` event)."""
+        fields: dict[str, Any] = {"_progress_current": int(current)}
+        if total is not None:
+            fields["_progress_total"] = int(total)
+        return self.emit("job.progress", message, **fields)

@@ -1,0 +1,89 @@
+"""The remote worker's WebSocket: ``/ws/workers/<id>`` pushes ``job.available``.
+
+A hint only: the worker claims over HTTP when it hears one, and polls anyway,
+so a lost push costs latency, never a job. The socket authenticates with the
+worker's API token (``?token=<key>`` or ``Authorization: Token <key>``) or a
+session, and joins one Channels group per queue of the worker; the per-process
+relay (``jobs.remote.relay``) sends to those groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from jobs.remote.errors import WorkerNotFound
+from jobs.remote.relay import queue_group, relay
+from jobs.remote.workers import get_remote_worker
+
+PERMISSION = "jobs.run_remote_jobs"
+
+
+def _token_from_scope(scope: dict[str, Any]) -> str | None:
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    if query.get("token"):
+        return query["token"][0]
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"authorization":
+            scheme, _, key = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "token" and key.strip():
+                return key.strip()
+    return None
+
+
+@database_sync_to_async
+def _authorised_worker(scope: dict[str, Any], worker_id: str) -> Any:
+    """The worker this socket may listen for, or None."""
+    from rest_framework.authtoken.models import Token
+
+    key = _token_from_scope(scope)
+    user = None
+    if key:
+        token = Token.objects.select_related("user").filter(key=key).first()
+        user = token.user if token and token.user.is_active else None
+    else:
+        session_user = scope.get("user")
+        user = session_user if session_user is not None and session_user.is_authenticated else None
+    if user is None or not user.has_perm(PERMISSION):
+        return None
+    try:
+        return get_remote_worker(worker_id, user=user)
+    except WorkerNotFound:
+        return None
+
+
+class WorkerConsumer(AsyncJsonWebsocketConsumer):
+    """Tells one remote worker when a job may be claimable on one of its queues."""
+
+    queues: list[str]
+
+    async def connect(self) -> None:
+        self.queues = []
+        worker = await _authorised_worker(self.scope, self.scope["url_route"]["kwargs"]["worker_id"])
+        if worker is None:
+            await self.close()  # before accept: the handshake is refused (403)
+            return
+        self.queues = list(worker.queues)
+        for queue in self.queues:
+            await self.channel_layer.group_add(queue_group(queue), self.channel_name)
+        relay.subscribe_groups(self.queues, asyncio.get_running_loop())
+        await self.accept()
+        await self.send_json({"type": "hello", "worker": str(worker.pk), "queues": self.queues})
+
+    async def disconnect(self, code: int) -> None:
+        if not self.queues:
+            return
+        relay.unsubscribe_groups(self.queues)
+        for queue in self.queues:
+            await self.channel_layer.group_discard(queue_group(queue), self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong"})
+
+    async def job_available(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "job.available", "queue": event["queue"]})

@@ -1,0 +1,41 @@
+"""Remote workers over HTTP: the services behind the routes of CONTRACT.md.
+
+Workers that cannot reach the database register, heartbeat, claim and report
+through the REST API; these plain functions do the work, the views in
+``jobs.api.remote_views`` only parse and render. The modules:
+
+* ``workers`` -- register (with operation declarations), heartbeat,
+  disconnect, and ``soft_delete_orphan_operations`` (called by the reaper);
+* ``runs`` -- claim with long-poll, events, complete, fail (token-fenced);
+* ``relay`` -- the one per-process wake-up source for long-polls and WebSockets.
+"""
+
+from __future__ import annotations
+
+from jobs.remote.errors import RemoteRequestError, WorkerNotFound
+from jobs.remote.runs import MAX_WAIT_SECONDS, claim, complete, fail, post_event, retry_backoff
+from jobs.remote.workers import (
+    HeartbeatResult,
+    disconnect_worker,
+    get_remote_worker,
+    heartbeat,
+    register_worker,
+    soft_delete_orphan_operations,
+)
+
+__all__ = [
+    "MAX_WAIT_SECONDS",
+    "HeartbeatResult",
+    "RemoteRequestError",
+    "WorkerNotFound",
+    "claim",
+    "complete",
+    "disconnect_worker",
+    "fail",
+    "get_remote_worker",
+    "heartbeat",
+    "post_event",
+    "register_worker",
+    "retry_backoff",
+    "soft_delete_orphan_operations",
+]

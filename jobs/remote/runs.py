@@ -1,0 +1,209 @@
+"""What a remote worker does with jobs: claim (long-poll), emit, complete, fail.
+
+Every write on a held job is fenced by its ``lease_token``: the transition
+functions match on it, so a worker whose lease was lost (requeued, reaped,
+claimed by someone else, cancelled) gets ``LeaseLost``/``JobCancelled``
+(409 at the API) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from typing import Any
+
+from django.utils import timezone
+
+from jobs.claims import ClaimedJob, claim_jobs
+from jobs.conf import knob
+from jobs.models import Job, Queue, QueueKind, Worker
+from jobs.remote.errors import RemoteRequestError, WorkerNotFound
+from jobs.remote.relay import relay
+from jobs.remote.workers import get_remote_worker
+from jobs.states import CANCELLED, Status
+from jobs.transitions import cancel_jobs, complete_job, defer_job, emit_event, fail_job
+
+# A long-poll never holds a request (and its thread) longer than this.
+MAX_WAIT_SECONDS = 30.0
+MAX_CLAIM_LIMIT = 100
+
+# Names only the engine writes: a remote worker may not forge its transitions.
+RESERVED_EVENTS = frozenset({
+    "job.enqueued", "job.started", "job.succeeded", "job.failed", "job.cancelled",
+    "job.retry_later", "job.retry_scheduled", "job.deferred", "job.requeued",
+    "job.lease_expired_requeue", "job.lease_expired", "job.timeout", "job.retried",
+})
+LEVELS = ("info", "warning", "error")
+
+
+# --- claim ----------------------------------------------------------------------
+
+def _open_job_queues(worker: Worker) -> tuple[list[str], dict[str, int]]:
+    """The worker's queues that are job queues and not paused, and the caps among them."""
+    settings = {q.name: q for q in Queue.objects.filter(name__in=worker.queues)}
+    uncapped, capped = [], {}
+    for name in worker.queues:
+        q = settings.get(name)
+        kind = q.kind if q else Queue.default_kind(name)
+        if kind != QueueKind.JOB or (q is not None and q.paused):
+            continue
+        if q is not None and q.concurrency_cap is not None:
+            capped[name] = q.concurrency_cap
+        else:
+            uncapped.append(name)
+    return uncapped, capped
+
+
+def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
+    uncapped, capped = _open_job_queues(worker)
+    queues = [*uncapped, *capped]
+    if not queues:
+        return []
+    # A cheap read first: an empty poll must not take SQLite's write lock.
+    if not Job.objects.filter(
+        status=Status.QUEUED, queue__in=queues, operation__in=worker.operations,
+        run_after__lte=timezone.now(),
+    ).exists():
+        return []
+    lease = float(knob("LEASE_SECONDS"))
+    claimed = claim_jobs(
+        queues=uncapped, worker_id=worker.pk, limit=limit, lease_seconds=lease,
+        operations=worker.operations,
+    ) if uncapped else []
+    for queue, cap in capped.items():
+        if len(claimed) >= limit:
+            break
+        claimed += claim_jobs(
+            queues=[queue], worker_id=worker.pk, limit=limit - len(claimed),
+            lease_seconds=lease, operations=worker.operations, cap=cap,
+        )
+    return claimed
+
+
+def claim(
+    *, worker_id: uuid.UUID | str, user: Any, limit: int = 1, wait: float = 0.0
+) -> list[ClaimedJob]:
+    """Claim and start up to ``limit`` jobs, waiting up to ``wait`` seconds for one.
+
+    ``limit`` is capped by the worker's concurrency, ``wait`` by
+    ``MAX_WAIT_SECONDS``. While waiting, the request sleeps on the process's
+    relay (NOTIFY or a cheap poll) and in any case re-checks every
+    ``POLL_SECONDS``, so the wait is bounded and no job is missed.
+    """
+    worker = get_remote_worker(worker_id, user=user)
+    limit = max(1, min(int(limit or 1), worker.concurrency, MAX_CLAIM_LIMIT))
+    deadline = time.monotonic() + max(0.0, min(float(wait or 0), MAX_WAIT_SECONDS))
+    poll = max(0.05, float(knob("POLL_SECONDS")))
+    while True:
+        jobs = _runnable(_claim_once(worker, limit))
+        if jobs:
+            Worker.objects.filter(pk=worker.pk).update(last_heartbeat=timezone.now())
+            return jobs
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return []
+        relay.wait(worker.queues, min(remaining, poll))
+        if not Worker.objects.filter(pk=worker.pk).exists():
+            raise WorkerNotFound(worker.pk)
+
+
+def _runnable(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
+    """Settle at once, as local workers do, claimed jobs that must not run."""
+    out = []
+    for job in jobs:
+        if job.expired:
+            fail_job(
+                job.id, lease_token=job.lease_token, error_code="JobExpired",
+                error_message="The job expired before a worker could run it.",
+            )
+        elif job.parent_id and Job.objects.filter(pk=job.parent_id, status=CANCELLED).exists():
+            cancel_jobs([job.id], reason="parent cancelled before the child ran")
+        else:
+            out.append(job)
+    return out
+
+
+# --- reports on a held job ----------------------------------------------------------
+
+def _token(value: Any) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except (ValueError, TypeError):
+        raise RemoteRequestError(
+            "The request is invalid: fix the fields named in 'errors'.",
+            {"lease_token": ["Give the lease_token the claim returned."]},
+        ) from None
+
+
+def post_event(
+    *,
+    job_id: uuid.UUID,
+    lease_token: Any,
+    event: str,
+    message: str = "",
+    level: str = "info",
+    fields: dict[str, Any] | None = None,
+) -> int:
+    """Append an event to a held job's timeline; return its seq.
+
+    ``_progress_current``/``_progress_total`` in ``fields`` move the job's progress.
+    """
+    errors: dict[str, list[str]] = {}
+    if not isinstance(event, str) or not event.strip() or len(event) > 200:
+        errors["event"] = ["The event name must be a non-empty string of at most 200 characters."]
+    elif event in RESERVED_EVENTS:
+        errors["event"] = [f"{event!r} is written by the control plane itself; choose another name."]
+    if level not in LEVELS:
+        errors["level"] = [f"The level must be one of {', '.join(LEVELS)}."]
+    if fields is not None and not isinstance(fields, dict):
+        errors["fields"] = ["fields must be a JSON object."]
+    for key in ("_progress_current", "_progress_total"):
+        value = (fields or {}).get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            errors[f"fields.{key}"] = [f"{key} must be a whole number."]
+    if errors:
+        raise RemoteRequestError("The event was not written: fix the fields named in 'errors'.", errors)
+    return emit_event(
+        job_id, event=event, message=message or "", level=level, fields=fields or {},
+        lease_token=_token(lease_token),
+    )
+
+
+def complete(
+    *, job_id: uuid.UUID, lease_token: Any, result: Any = None, deferred: bool = False
+) -> Status:
+    """running -> succeeded; or, ``deferred``, stay running without a lease until batches close it."""
+    token = _token(lease_token)
+    if deferred:
+        defer_job(job_id, lease_token=token, result=result)
+        return Status.RUNNING
+    complete_job(job_id, lease_token=token, result=result)
+    return Status.SUCCEEDED
+
+
+def retry_backoff(attempt: int) -> float:
+    """``RETRY_BACKOFF_SECONDS * 2**(attempt-1)``, capped, with jitter (as local workers do)."""
+    step = min(
+        float(knob("RETRY_BACKOFF_MAX_SECONDS")),
+        float(knob("RETRY_BACKOFF_SECONDS")) * 2 ** max(attempt - 1, 0),
+    )
+    return step * random.uniform(0.5, 1.0)
+
+
+def fail(
+    *,
+    job_id: uuid.UUID,
+    lease_token: Any,
+    error_code: str,
+    error_message: str,
+    retryable: bool = False,
+) -> Status:
+    """A failed run: back to queued with backoff while attempts remain (if retryable), else failed."""
+    token = _token(lease_token)
+    attempt = Job.objects.filter(pk=job_id).values_list("attempts", flat=True).first() or 1
+    return fail_job(
+        job_id, lease_token=token, error_code=(error_code or "RemoteError")[:200],
+        error_message=error_message or "", retryable=bool(retryable),
+        backoff_seconds=retry_backoff(attempt) if retryable else None,
+    )

@@ -1,0 +1,110 @@
+"""A remote worker for the tests: the real client, in its own process, without Django.
+
+    python client_app.py --url URL --token KEY [--mode auto|manual] [--no-websocket]
+                         [--long-poll S] [--polling-interval S] [--concurrency N] [--count N]
+
+Prints ``READY <worker id>`` once registered and ``DONE <job id> <status>``
+per job reported (manual mode), so tests can wait on its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any
+
+from controlplane_client import ClaimedJob, Deferred, JobManager, RetryableError, TokenApi
+
+SCHEMA_TEXT = {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}}
+
+
+def echo(job: ClaimedJob) -> Any:
+    job.progress(1, 1, "echoed")
+    return {"echo": job.payload["text"], "attempt": job.attempt}
+
+
+def slow(job: ClaimedJob) -> Any:
+    seconds = float(job.payload.get("seconds", 1.0))
+    steps = max(1, int(seconds / 0.1))
+    for step in range(steps):
+        if job.wait_cancelled(seconds / steps):
+            return None  # cancelled or lost: the report will be refused anyway
+        job.progress(step + 1, steps)
+    return {"slept": seconds}
+
+
+def flaky(job: ClaimedJob) -> Any:
+    if job.attempt < 2:
+        raise RetryableError("first attempt always fails", error_code="Flaky")
+    return {"attempt": job.attempt}
+
+
+def deferred(job: ClaimedJob) -> Any:
+    return Deferred({"partial": True})
+
+
+def broken(job: ClaimedJob) -> Any:
+    raise ValueError("broken on purpose")
+
+
+HANDLERS = {
+    "remote.echo": (echo, {"payload_schema": SCHEMA_TEXT, "max_attempts": 3}),
+    "remote.slow": (slow, {}),
+    "remote.flaky": (flaky, {"max_attempts": 3}),
+    "remote.deferred": (deferred, {}),
+    "remote.broken": (broken, {}),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--mode", choices=["auto", "manual"], default="auto")
+    parser.add_argument("--no-websocket", action="store_true")
+    parser.add_argument("--long-poll", type=float, default=10.0)
+    parser.add_argument("--polling-interval", type=float, default=None)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--count", type=int, default=1, help="manual mode: jobs to handle")
+    parser.add_argument("--grace", type=float, default=5.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(message)s")
+    assert "django" not in sys.modules, "the client must not need Django"
+
+    api = TokenApi(args.url, token=lambda: args.token)  # a callable: refreshed on every request
+    manager = JobManager(
+        api, name="test-client", concurrency=args.concurrency, websocket=not args.no_websocket,
+        long_poll=args.long_poll, polling_interval=args.polling_interval,
+        shutdown_grace=args.grace,
+    )
+    with manager:
+        if args.mode == "auto":
+            for name, (handler, definition) in HANDLERS.items():
+                manager.operation(name, queue="remote", **definition)(handler)
+            print("READY", manager.connect(), flush=True)
+            manager.wait()
+            print("STOPPED", flush=True)
+            return 0
+        for name, (_, definition) in HANDLERS.items():
+            manager.declare(name, queue="remote", **definition)
+        print("READY", manager.connect(), flush=True)
+        done = 0
+        for job in manager.listen():
+            manager.start(job)
+            try:
+                status = manager.complete(job, HANDLERS[job.operation][0](job))
+            except Exception as error:  # noqa: BLE001
+                status = manager.fail(job, error)
+            print("DONE", job.id, status, flush=True)
+            done += 1
+            if done >= args.count:
+                break
+        time.sleep(0.1)
+    print("STOPPED", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
