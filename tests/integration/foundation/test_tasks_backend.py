@@ -1,0 +1,139 @@
+"""Django 6 ``@task`` functions through our backend, with the worker simulated by hand."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.tasks import default_task_backend, task, task_backends
+from django.tasks.base import TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
+
+from jobs.claims import claim_jobs
+from jobs.enqueue import enqueue
+from jobs.models import Job
+from jobs.operations import registry
+from jobs.tasks_backend import OPERATION, ControlPlaneTaskBackend
+from jobs.transitions import cancel_job, complete_job, fail_job
+
+from .helpers import assert_consistent, context, fresh, timeline
+
+pytestmark = pytest.mark.django_db
+
+QUEUE = "tasks-under-test"
+
+
+@task(queue_name=QUEUE)
+def add(a, b):
+    return a + b
+
+
+@task(queue_name=QUEUE, priority=10)
+def shout(text, *, times=1):
+    return {"text": (text.upper() + "!") * times}
+
+
+@task(queue_name=QUEUE)
+def explode(message):
+    raise ValueError(message)
+
+
+@task(queue_name=QUEUE, takes_context=True)
+def whoami(context, suffix):
+    return f"{context.task_result.id}:{context.attempt}:{suffix}"
+
+
+def run_one_job():
+    """What a worker does: claim, run ``django.task`` with a JobContext, record the outcome."""
+    [held] = claim_jobs(queues=[QUEUE], worker_id=uuid.uuid4(), limit=1, lease_seconds=30)
+    assert held.operation == OPERATION
+    try:
+        value = registry.get(OPERATION).execute(context(held), held.payload)
+    except Exception as error:
+        fail_job(
+            held.id,
+            lease_token=held.lease_token,
+            error_code=type(error).__name__,
+            error_message=str(error),
+        )
+    else:
+        complete_job(held.id, lease_token=held.lease_token, result=value)
+    return held
+
+
+def test_our_backend_is_the_default():
+    assert isinstance(task_backends["default"], ControlPlaneTaskBackend)
+    assert isinstance(add.get_backend(), ControlPlaneTaskBackend)
+
+
+def test_enqueue_creates_a_job_and_get_result_reads_it_back():
+    result = add.enqueue(2, 3)
+    assert result.status == TaskResultStatus.READY
+    assert result.args == [2, 3] and result.kwargs == {}
+
+    job = fresh(uuid.UUID(result.id))
+    assert (job.operation, job.queue, job.status) == (OPERATION, QUEUE, "queued")
+    assert job.payload["path"] == add.module_path
+    assert job.payload["args"] == [2, 3]
+    assert timeline(job) == [(1, "job.enqueued")]
+
+    run_one_job()
+
+    finished = add.get_result(result.id)
+    assert finished.status == TaskResultStatus.SUCCESSFUL
+    assert finished.return_value == 5
+    assert finished.is_finished and finished.finished_at is not None
+    assert finished.errors == []
+    # The same through the backend, and through refresh().
+    assert default_task_backend.get_result(result.id).return_value == 5
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 5
+
+
+def test_kwargs_priority_and_structured_results():
+    result = shout.enqueue("hey", times=2)
+    assert fresh(uuid.UUID(result.id)).priority == 10
+    run_one_job()
+    assert shout.get_result(result.id).return_value == {"text": "HEY!HEY!"}
+
+
+def test_a_failing_task_is_failed():
+    result = explode.enqueue("kaboom")
+    held = run_one_job()
+    failed = explode.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert failed.is_finished
+    assert len(failed.errors) == 1
+    assert "kaboom" in failed.errors[0].traceback
+    with pytest.raises(ValueError):
+        failed.return_value  # noqa: B018 - the property raises for a failed task
+    assert fresh(held.id).status == "failed"
+    events = [e for _, e in assert_consistent(held.id)]
+    assert events == ["job.enqueued", "job.started", "task.error", "job.failed"]
+
+
+def test_a_task_that_takes_context():
+    result = whoami.enqueue("x")
+    run_one_job()
+    assert whoami.get_result(result.id).return_value == f"{result.id}:1:x"
+
+
+def test_running_and_cancelled_tasks_report_their_state():
+    result = add.enqueue(1, 1)
+    [held] = claim_jobs(queues=[QUEUE], worker_id=uuid.uuid4(), limit=1, lease_seconds=30)
+    assert add.get_result(result.id).status == TaskResultStatus.RUNNING
+    cancel_job(held.id)
+    assert add.get_result(result.id).status == TaskResultStatus.FAILED
+
+
+@pytest.mark.parametrize("result_id", [str(uuid.uuid4()), "not-a-uuid", ""])
+def test_unknown_result_id(result_id):
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result(result_id)
+
+
+def test_a_job_that_is_not_a_task_is_not_a_task_result():
+    job = enqueue("ping")
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result(str(job.pk))
+    assert Job.objects.filter(pk=job.pk).exists()
