@@ -1,0 +1,33 @@
+# One image for every process of the control plane: web (daphne), workers, reaper.
+FROM python:3.12-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    DJANGO_SETTINGS_MODULE=controlplane.settings
+
+WORKDIR /app
+
+# Dependencies first, so code changes do not reinstall them.
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
+
+# Only what runs (no virtualenv, database file or tests from the build context).
+COPY manage.py ./
+COPY controlplane ./controlplane
+COPY jobs ./jobs
+COPY workers ./workers
+COPY dashboard ./dashboard
+COPY controlplane_client ./controlplane_client
+COPY templates ./templates
+COPY static ./static
+
+RUN useradd --create-home --uid 10001 app && chown -R app /app
+USER app
+
+EXPOSE 8000
+
+# The web process; docker-compose.yml runs the workers and the reaper from this image too.
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "controlplane.asgi:application"]
