@@ -7,3 +7,6 @@ urlpatterns = [
     path("", include("dashboard.urls")),
     path("", include("jobs.api.urls")),
 ]
+
+handler404 = "jobs.api.errors.handler404"
+handler500 = "jobs.api.errors.handler500"

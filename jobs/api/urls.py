@@ -1,7 +1,35 @@
-"""REST routes (CONTRACT.md). Every route answers with and without a trailing slash."""
+"""REST routes (CONTRACT.md). Every route answers with and without a trailing slash.
+
+Order matters: the remote workers' own routes (``/jobs/<id>/complete`` …)
+come first, and ``/jobs/cancel`` and ``/jobs/retry`` (bulk) come before
+``/jobs/<id>``, which only ever matches one path segment.
+"""
 
 from django.urls import include, path
 
+from jobs.api import schema, views
+
+
+def both(route: str, view, name: str) -> list:
+    """The route with and without its trailing slash (no redirect between them)."""
+    return [path(route, view, name=name), path(f"{route}/", view)]
+
+
 urlpatterns = [
     path("", include("jobs.api.remote_urls")),
+    *both("jobs", views.JobListView.as_view(), "job-list"),
+    *both("jobs/cancel", views.BulkCancelView.as_view(), "job-bulk-cancel"),
+    *both("jobs/retry", views.BulkRetryView.as_view(), "job-bulk-retry"),
+    *both("jobs/<str:job_id>", views.JobDetailView.as_view(), "job-detail"),
+    *both("jobs/<str:job_id>/events", views.JobEventsView.as_view(), "job-events"),
+    *both("jobs/<str:job_id>/cancel", views.JobCancelView.as_view(), "job-cancel"),
+    *both("jobs/<str:job_id>/retry", views.JobRetryView.as_view(), "job-retry"),
+    *both("queues", views.QueueListView.as_view(), "queue-list"),
+    *both("queues/<str:name>", views.QueueDetailView.as_view(), "queue-detail"),
+    *both("queues/<str:name>/pause", views.QueuePauseView.as_view(), "queue-pause"),
+    *both("queues/<str:name>/resume", views.QueueResumeView.as_view(), "queue-resume"),
+    *both("workers", views.WorkerListView.as_view(), "worker-list"),
+    *both("workers/<str:worker_id>", views.WorkerDetailView.as_view(), "worker-detail"),
+    *both("schema", schema.SchemaView.as_view(), "schema"),
+    *both("schema/docs", schema.SchemaDocsView.as_view(), "schema-docs"),
 ]

@@ -1,0 +1,219 @@
+"""JSON shapes of the REST API (CONTRACT.md), for reading, writing and the schema.
+
+Output serializers read model rows or the selectors' values; input
+serializers only check types: the rules themselves (known operation, payload
+schema, priority range, sizes) live in ``jobs.enqueue`` and come back as
+``EnqueueError`` field errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from jobs.models import Job, JobEvent
+from jobs.selectors import STATES
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, so a misspelt option is an error, not a no-op."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: ["This field is not known."] for name in unknown}
+                )
+        return super().to_internal_value(data)
+
+
+class StateCountsSerializer(serializers.Serializer):
+    """A count per job state; every state is present, zeros included."""
+
+    queued = serializers.IntegerField()
+    running = serializers.IntegerField()
+    succeeded = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    cancelled = serializers.IntegerField()
+
+
+assert tuple(StateCountsSerializer().fields) == STATES
+
+
+# --- jobs ------------------------------------------------------------------------
+
+class JobSerializer(serializers.ModelSerializer):
+    """Job JSON exactly as CONTRACT.md lists it, plus ``expires_at`` and ``idempotency_key``."""
+
+    parent = serializers.UUIDField(source="parent_id", read_only=True, allow_null=True)
+    worker = serializers.UUIDField(source="worker_id", read_only=True, allow_null=True)
+    payload = serializers.JSONField(read_only=True)
+    result = serializers.JSONField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "operation",
+            "queue",
+            "status",
+            "priority",
+            "payload",
+            "result",
+            "error_code",
+            "error_message",
+            "attempts",
+            "max_attempts",
+            "parent",
+            "progress_current",
+            "progress_total",
+            "created_at",
+            "run_after",
+            "started_at",
+            "finished_at",
+            "leased_until",
+            "worker",
+            "expires_at",
+            "idempotency_key",
+        ]
+        read_only_fields = fields
+
+
+class JobDetailSerializer(JobSerializer):
+    """One job, with its direct children counted by state."""
+
+    children = StateCountsSerializer(source="children_counts", read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "children"]
+        read_only_fields = fields
+
+
+class JobPageSerializer(serializers.Serializer):
+    results = JobSerializer(many=True)
+    next = serializers.URLField(allow_null=True, help_text="The next page, or null on the last one.")
+    count = serializers.IntegerField(
+        allow_null=True,
+        help_text="Matching jobs, counted up to COUNT_CAP (null if the count ran out of time).",
+    )
+    count_capped = serializers.BooleanField(
+        help_text="True when more jobs match than 'count' says."
+    )
+    count_estimate = serializers.IntegerField(
+        allow_null=True, help_text="The planner's estimate when capped (PostgreSQL), else null."
+    )
+
+
+class EnqueueSerializer(StrictSerializer):
+    operation = serializers.CharField(max_length=200)
+    payload = serializers.JSONField(
+        required=False, help_text="A JSON object checked against the operation's schema."
+    )
+    queue = serializers.CharField(required=False, allow_null=True, max_length=200)
+    priority = serializers.IntegerField(
+        required=False, default=0, help_text="-100 to 100, larger first."
+    )
+    run_after = serializers.DateTimeField(required=False, allow_null=True)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    max_attempts = serializers.IntegerField(required=False, allow_null=True)
+    parent = serializers.UUIDField(required=False, allow_null=True)
+    idempotency_key = serializers.CharField(required=False, allow_null=True, max_length=255)
+
+
+class ReasonSerializer(StrictSerializer):
+    reason = serializers.CharField(
+        required=False, allow_blank=True, allow_null=True, max_length=2000,
+        help_text="Recorded on the job's event.",
+    )
+
+
+class BulkActionSerializer(StrictSerializer):
+    """The filters of ``GET /jobs`` as a JSON body, plus ``ids``, ``reason`` and ``all``.
+
+    Only the field names and rough types are declared here (for the schema and
+    for unknown-field errors); ``jobs.selectors.job_filters_from_query`` reads them.
+    """
+
+    status = serializers.JSONField(required=False, help_text="A state or a list of states.")
+    queue = serializers.JSONField(required=False, help_text="A queue or a list of queues.")
+    operation = serializers.JSONField(required=False, help_text="An operation or a list.")
+    parent = serializers.CharField(required=False, help_text="A job id, or 'none'.")
+    created_after = serializers.CharField(required=False, help_text="ISO 8601.")
+    created_before = serializers.CharField(required=False, help_text="ISO 8601.")
+    q = serializers.CharField(required=False, allow_blank=True)
+    ids = serializers.ListField(child=serializers.UUIDField(), required=False)
+    reason = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=2000)
+    all = serializers.BooleanField(
+        required=False, default=False, help_text="Required to act on every job (no filter)."
+    )
+
+
+class BulkResultSerializer(serializers.Serializer):
+    changed = serializers.IntegerField(help_text="Jobs whose state changed (cascades included).")
+
+
+# --- events ----------------------------------------------------------------------
+
+class EventSerializer(serializers.ModelSerializer):
+    """One timeline entry. (Its JSON ``fields`` column is mapped by the ModelSerializer:
+    a declared attribute could not be called ``fields``.)"""
+
+    class Meta:
+        model = JobEvent
+        fields = ["seq", "ts", "event", "level", "message", "fields"]
+        read_only_fields = fields
+
+
+class EventPageSerializer(serializers.Serializer):
+    results = EventSerializer(many=True)
+    last_seq = serializers.IntegerField(
+        help_text="Pass it as 'after' on the next poll: the largest seq returned, or 'after'."
+    )
+    has_more = serializers.BooleanField(help_text="True when the page was full: poll again at once.")
+
+
+# --- queues and workers ------------------------------------------------------------
+
+class ThroughputSerializer(serializers.Serializer):
+    last_minute = serializers.IntegerField(help_text="Jobs that finished in the last minute.")
+    last_hour = serializers.IntegerField(help_text="Jobs that finished in the last hour.")
+
+
+class QueueSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["job", "batch"])
+    counts = StateCountsSerializer()
+    oldest_queued_age = serializers.FloatField(
+        allow_null=True, help_text="Seconds since the oldest queued job was created."
+    )
+    running = serializers.IntegerField()
+    throughput = ThroughputSerializer()
+    paused = serializers.BooleanField()
+    concurrency_cap = serializers.IntegerField(allow_null=True)
+    pending_messages = serializers.IntegerField(help_text="Batch messages waiting on the queue.")
+
+
+class WorkerSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["local", "remote"])
+    hostname = serializers.CharField()
+    pid = serializers.IntegerField(allow_null=True)
+    queues = serializers.ListField(child=serializers.CharField())
+    operations = serializers.ListField(child=serializers.CharField())
+    concurrency = serializers.IntegerField()
+    started_at = serializers.DateTimeField()
+    last_heartbeat = serializers.DateTimeField()
+    heartbeat_age = serializers.FloatField(help_text="Seconds since the last heartbeat.")
+    current_jobs = serializers.ListField(
+        child=serializers.UUIDField(), help_text="Ids of the jobs it is running."
+    )
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error shape of every 4xx."""
+
+    message = serializers.CharField()
+    errors = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
