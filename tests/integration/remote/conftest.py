@@ -29,14 +29,15 @@ def server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Ser
 
 @pytest.fixture
 def make_token(transactional_db) -> Callable[..., str]:
-    """Create a user (with ``jobs.run_remote_jobs`` unless ``remote=False``) and return its token."""
+    """Create a user (with ``jobs.run_remote_jobs`` unless ``remote=False``, plus the
+    ``extra`` codenames) and return its token."""
     from django.contrib.auth.models import Permission, User
     from rest_framework.authtoken.models import Token
 
-    def make(username: str = "remote", *, remote: bool = True) -> str:
-        user = User.objects.create_user(username, password="pw-not-used")
-        if remote:
-            user.user_permissions.add(Permission.objects.get(codename="run_remote_jobs"))
+    def make(username: str = "remote", *, remote: bool = True, extra: tuple[str, ...] = ()) -> str:
+        user = User.objects.create_user(username)  # no password: no slow hashing
+        codenames = [*(["run_remote_jobs"] if remote else []), *extra]
+        user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
         return Token.objects.create(user=user).key
 
     return make
