@@ -52,7 +52,10 @@ def test_cancel_cascades_to_the_whole_tree_and_drops_its_batch_messages():
     assert BatchMessage.objects.filter(parent_id=parent.pk).count() == 3
 
     child = queued(parent=parent.pk)
-    running_child, child_held = running(parent=parent.pk)
+    # A running descendant that is itself a coordinator with pending batches.
+    running_child, child_held = running("fanout", payload={"batches": 2}, parent=parent.pk)
+    registry.get("fanout").execute(context(child_held), child_held.payload)
+    assert BatchMessage.objects.filter(parent_id=running_child.pk).count() == 2
     grandchild, grandchild_held = running(parent=running_child.pk)
     queued_grandchild = queued(parent=child.pk)
     done_child = succeeded(parent=parent.pk)
@@ -77,7 +80,7 @@ def test_cancel_cascades_to_the_whole_tree_and_drops_its_batch_messages():
     assert root_event.fields == {"by": "ops", "reason": "stop it"}
 
     assert fresh(done_child).status == "succeeded"
-    assert not BatchMessage.objects.filter(parent_id=parent.pk).exists()
+    assert not BatchMessage.objects.filter(parent_id__in=[j.pk for j in tree]).exists()
     assert BatchMessage.objects.filter(parent_id=other.pk).count() == 2
     assert fresh(other).status == "running"
 
