@@ -19,28 +19,30 @@ BULK_BATCH_SIZE = 500
 
 def bulk_cancel(
     filters: JobFilters, *, by: str | None = None, reason: str | None = None,
-    batch_size: int = BULK_BATCH_SIZE,
+    batch_size: int | None = None,
 ) -> int:
     """Cancel the queued and running jobs matching ``filters`` (and their descendants).
 
     Returns how many jobs changed state, cascades included.
     """
     changed = 0
-    for ids in job_ids_batches(filters, statuses=[s.value for s in ACTIVE], batch_size=batch_size):
+    active = [s.value for s in ACTIVE]
+    for ids in job_ids_batches(filters, statuses=active, batch_size=batch_size or BULK_BATCH_SIZE):
         changed += len(cancel_jobs(ids, by=by, reason=reason))
     return changed
 
 
 def bulk_retry(
     filters: JobFilters, *, by: str | None = None, reason: str | None = None,
-    batch_size: int = BULK_BATCH_SIZE,
+    batch_size: int | None = None,
 ) -> int:
     """Put the failed and cancelled jobs matching ``filters`` back on their queues.
 
     Returns how many jobs changed state.
     """
     changed = 0
-    for ids in job_ids_batches(filters, statuses=[FAILED.value, CANCELLED.value], batch_size=batch_size):
+    done = [FAILED.value, CANCELLED.value]
+    for ids in job_ids_batches(filters, statuses=done, batch_size=batch_size or BULK_BATCH_SIZE):
         changed += len(retry_jobs(ids, by=by, reason=reason))
     return changed
 

@@ -19,6 +19,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from jobs.api.parsers import body_limit, too_large
 from jobs.exceptions import EnqueueError, IllegalTransition, JobNotFound, LeaseLost
 from jobs.selectors import InvalidFilter
 
@@ -63,10 +64,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, (IllegalTransition, LeaseLost)):
         return error_response(str(exc), status.HTTP_409_CONFLICT)
     if isinstance(exc, RequestDataTooBig):
-        return error_response(
-            "The request body is too large; send a smaller one.",
-            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-        )
+        # Django's own DATA_UPLOAD_MAX_MEMORY_SIZE check (DRF reads request.body).
+        exc = too_large(body_limit() or 0)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -1,8 +1,10 @@
 """The JSON parser of every API view: bounded in size, never a 500 on odd input.
 
-DRF reads a JSON body straight from the request stream, which skips Django's
-``DATA_UPLOAD_MAX_MEMORY_SIZE`` check; this parser applies that limit itself
-(413, in the API's error shape) before decoding anything.
+Recent DRF reads a JSON body through ``request.body``, where Django's
+``DATA_UPLOAD_MAX_MEMORY_SIZE`` check raises ``RequestDataTooBig`` (mapped to
+413 by ``jobs.api.errors``); older DRF read the raw stream and skipped that
+check. This parser applies the limit itself either way (413, in the API's
+error shape) before decoding anything, and turns too-deep nesting into 400.
 """
 
 from __future__ import annotations

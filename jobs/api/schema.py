@@ -17,9 +17,12 @@ from drf_spectacular.renderers import (
     OpenApiYamlRenderer,
     OpenApiYamlRenderer2,
 )
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.extensions import OpenApiViewExtension
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
 
 
 def drop_slash_twins(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[tuple[Any, ...]]:
@@ -43,9 +46,16 @@ class SchemaView(SpectacularAPIView):
         OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2
     ]
     custom_settings = {
-        "PREPROCESSING_HOOKS": [drop_slash_twins],
+        "PREPROCESSING_HOOKS": ["jobs.api.schema.drop_slash_twins"],
         "COMPONENT_SPLIT_REQUEST": True,
     }
+
+    def handle_exception(self, exc):
+        """Errors (401, 403, 405) in the API's JSON shape, not as an OpenAPI media type."""
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = JSONRenderer.media_type
+        return response
 
 
 class SchemaDocsView(SpectacularSwaggerView):
@@ -66,3 +76,48 @@ class SchemaDocsView(SpectacularSwaggerView):
     @staticmethod
     def _swagger_ui_favicon() -> str:
         return static("drf_spectacular_sidecar/swagger-ui-dist/favicon-32x32.png")
+
+
+# --- the remote workers' own routes ------------------------------------------------
+# ``jobs.api.remote_views`` owns claim, complete and fail; until those views
+# carry their own ``extend_schema``, these extensions describe them from the
+# body serializers they validate with, so /schema lists every route.
+
+def _remote_post_extension(view: str, operation_id: str, summary: str, body: str,
+                           parameter: OpenApiParameter) -> type[OpenApiViewExtension]:
+    class RemoteRouteSchema(OpenApiViewExtension):
+        target_class = f"jobs.api.remote_views.{view}"
+
+        def view_replacement(self):
+            if "schema" in getattr(self.target.post, "kwargs", {}):
+                return self.target  # already annotated where it is defined
+
+            from jobs.api import remote_views
+            from jobs.api.views import _errors
+
+            class Described(self.target):
+                @extend_schema(
+                    operation_id=operation_id, summary=summary, tags=["remote workers"],
+                    parameters=[parameter],
+                    request=getattr(remote_views, body, OpenApiTypes.OBJECT),
+                    responses={200: OpenApiTypes.OBJECT, **_errors(400, 401, 403, 404, 409)},
+                )
+                def post(self, request, *args, **kwargs):
+                    return super().post(request, *args, **kwargs)
+
+            return Described
+
+    RemoteRouteSchema.__name__ = f"{view}Schema"
+    return RemoteRouteSchema
+
+
+_JOB_ID = OpenApiParameter("job_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+_WORKER_ID = OpenApiParameter("worker_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+REMOTE_ROUTE_SCHEMAS = [
+    _remote_post_extension("ClaimView", "workers_claim", "Remote worker: claim jobs",
+                           "ClaimBody", _WORKER_ID),
+    _remote_post_extension("CompleteView", "jobs_complete", "Remote worker: complete a held job",
+                           "CompleteBody", _JOB_ID),
+    _remote_post_extension("FailView", "jobs_fail", "Remote worker: fail a held job",
+                           "FailBody", _JOB_ID),
+]
