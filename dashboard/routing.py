@@ -1,3 +1,9 @@
-"""WebSocket routes of the dashboard."""
+"""WebSocket routes of the dashboard: one socket per open page."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from dashboard.consumers import DashboardConsumer
+
+websocket_urlpatterns = [
+    path("ws/dashboard/", DashboardConsumer.as_asgi()),
+]

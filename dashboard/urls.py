@@ -1,8 +1,28 @@
+"""Dashboard routes. ``/`` sends people to the overview; everything else needs a login."""
+
 from django.urls import path
 from django.views.generic import RedirectView
+
+from dashboard.views import actions, jobs, pages
 
 app_name = "dashboard"
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/dashboard/", permanent=False)),
+    path("dashboard", RedirectView.as_view(url="/dashboard/", permanent=False)),
+    path("dashboard/", pages.overview, name="overview"),
+    path("dashboard/workers/", pages.workers, name="workers"),
+    path("dashboard/queues/", pages.queues, name="queues"),
+    path("dashboard/jobs/", jobs.job_list, name="jobs"),
+    path("dashboard/jobs/live/", jobs.job_list_live, name="jobs-live"),
+    path("dashboard/jobs/bulk/", actions.bulk, name="bulk"),
+    path("dashboard/jobs/<uuid:job_id>/", jobs.job_page, name="job"),
+    path("dashboard/jobs/<uuid:job_id>/live/", jobs.job_live, name="job-live"),
+    path("dashboard/jobs/<uuid:job_id>/earlier/", jobs.job_earlier, name="job-earlier"),
+    path("dashboard/jobs/<uuid:job_id>/cancel/", actions.cancel, name="cancel"),
+    path("dashboard/jobs/<uuid:job_id>/retry/", actions.retry, name="retry"),
+    path("dashboard/jobs/<uuid:job_id>/requeue/", actions.requeue, name="requeue"),
+    path("dashboard/queues/pause/", actions.pause, name="pause"),
+    path("dashboard/queues/resume/", actions.resume, name="resume"),
+    path("dashboard/queues/cap/", actions.set_cap, name="cap"),
 ]

@@ -1,0 +1,185 @@
+"""What operators do from the dashboard: plain functions the views call after their checks.
+
+Every job change goes through ``jobs.transitions`` so it is guarded and
+leaves an event carrying the operator's name (``by``) and reason. Bulk
+actions first *plan* (count what would change, shown to the operator for
+confirmation), then *run* in batches of a few hundred ids, newest first.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from dashboard.db import Count, cap, capped_count
+from dashboard.filters import JobFilters
+from dashboard.selectors import live_worker_ids
+from jobs.enqueue import notify_queues
+from jobs.exceptions import ControlPlaneError
+from jobs.models import Job, Queue
+from jobs.selectors import JobCursor, after_cursor
+from jobs.states import CANCELLED, FAILED, QUEUED, RUNNING
+from jobs.transitions import cancel_job, cancel_jobs, requeue_job, retry_job, retry_jobs
+
+ACTIONS: dict[str, tuple[str, ...]] = {
+    "cancel": (QUEUED.value, RUNNING.value),
+    "retry": (FAILED.value, CANCELLED.value),
+}
+BATCH = 500
+
+
+def normalise_reason(reason: str | None) -> str:
+    return (reason or "").strip()[:500]
+
+
+# --- one job -------------------------------------------------------------------
+
+
+def cancel_one(job_id: uuid.UUID, *, by: str, reason: str = "") -> bool:
+    """Cancel a queued or running job (and its descendants). False if it had already ended."""
+    return cancel_job(job_id, by=by, reason=normalise_reason(reason) or None)
+
+
+def retry_one(job_id: uuid.UUID, *, by: str, reason: str = "") -> bool:
+    """Put a failed or cancelled job back on its queue. False if it was not retryable."""
+    try:
+        retry_job(job_id, by=by, reason=normalise_reason(reason) or None)
+    except ControlPlaneError:
+        return False
+    return True
+
+
+def requeue_orphan(job_id: uuid.UUID, *, by: str) -> bool:
+    """Requeue a running job whose worker is stale or gone. False if it is no longer orphaned.
+
+    Checked again here, not only on the page: the worker may have come back
+    since the page was drawn, and a live worker's job must not be taken away.
+    """
+    job = (
+        Job.objects.filter(pk=job_id, status=RUNNING, lease_token__isnull=False)
+        .only("id", "worker_id")
+        .first()
+    )
+    if job is None or (job.worker_id and job.worker_id in set(live_worker_ids())):
+        return False
+    reason = f"requeued by {by} from the dashboard: its worker is stale or gone"
+    try:
+        requeue_job(job.pk, lease_token=None, reason=reason)
+    except ControlPlaneError:
+        return False
+    return True
+
+
+# --- bulk ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BulkPlan:
+    """What a bulk action would touch: the eligible jobs of a selection or of a filter."""
+
+    action: str
+    scope: str  # "selected" or "filter"
+    ids: tuple[uuid.UUID, ...]
+    filters: JobFilters
+    eligible: Count
+    considered: Count
+
+    @property
+    def limit(self) -> int:
+        return cap()
+
+    @property
+    def truncated(self) -> bool:
+        """More jobs match than one run changes (``COUNT_CAP``): run again for the rest."""
+        return self.eligible.capped
+
+
+def _eligible(action: str, *, ids: Sequence[uuid.UUID], filters: JobFilters, scope: str):
+    qs = Job.objects.all()
+    if scope == "selected":
+        qs = qs.filter(pk__in=list(ids))
+    else:
+        qs = filters.apply(qs)
+    return qs, qs.filter(status__in=ACTIONS[action])
+
+
+def plan_bulk(
+    action: str, *, scope: str, ids: Sequence[uuid.UUID] = (), filters: JobFilters | None = None
+) -> BulkPlan:
+    """Count what ``action`` would change, for the confirmation step."""
+    if action not in ACTIONS:
+        raise ValueError(f"Unknown bulk action {action!r}; use cancel or retry.")
+    filters = filters or JobFilters()
+    everything, eligible = _eligible(action, ids=ids, filters=filters, scope=scope)
+    return BulkPlan(
+        action=action,
+        scope=scope,
+        ids=tuple(ids),
+        filters=filters,
+        eligible=capped_count(eligible),
+        considered=capped_count(everything),
+    )
+
+
+def _eligible_batches(plan: BulkPlan) -> Iterator[list[uuid.UUID]]:
+    """Eligible ids, newest first, ``BATCH`` at a time, at most ``COUNT_CAP`` in all."""
+    _, qs = _eligible(plan.action, ids=plan.ids, filters=plan.filters, scope=plan.scope)
+    qs = qs.order_by("-created_at", "-id")
+    budget, cursor = cap(), None
+    while budget > 0:
+        page = after_cursor(qs, cursor) if cursor else qs
+        rows = list(page.values_list("created_at", "id")[: min(BATCH, budget)])
+        if not rows:
+            return
+        yield [r[1] for r in rows]
+        budget -= len(rows)
+        cursor = JobCursor(rows[-1][0], rows[-1][1])
+
+
+def run_bulk(plan: BulkPlan, *, by: str, reason: str = "") -> int:
+    """Run a planned bulk action; return how many jobs changed (cascaded children included)."""
+    reason_text = normalise_reason(reason) or None
+    changed = 0
+    for ids in _eligible_batches(plan):
+        if plan.action == "cancel":
+            changed += len(cancel_jobs(ids, by=by, reason=reason_text))
+        else:
+            changed += len(retry_jobs(ids, by=by, reason=reason_text))
+    return changed
+
+
+# --- queues --------------------------------------------------------------------
+
+
+def set_paused(name: str, paused: bool) -> Queue:
+    """Pause or resume claiming on a queue (creating its settings row on first use)."""
+    queue, _ = Queue.objects.update_or_create(
+        name=name,
+        defaults={"paused": paused},
+        create_defaults={"paused": paused, "kind": Queue.default_kind(name)},
+    )
+    if not paused:
+        notify_queues([name])  # waiting workers claim at once instead of at their next poll
+    return queue
+
+
+def set_concurrency_cap(name: str, value: int | None) -> Queue:
+    """Set (or clear, with None) the most jobs of a queue running at once."""
+    queue, _ = Queue.objects.update_or_create(
+        name=name,
+        defaults={"concurrency_cap": value},
+        create_defaults={"concurrency_cap": value, "kind": Queue.default_kind(name)},
+    )
+    return queue
+
+
+def parse_cap(raw: str) -> int | None:
+    """A cap from a form: blank clears it; otherwise a whole number from 1 to 100,000."""
+    raw = (raw or "").strip()
+    if not raw:
+        return None
+    value = int(raw)  # ValueError for the view to report
+    if not 1 <= value <= 100_000:
+        raise ValueError(raw)
+    return value

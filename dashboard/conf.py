@@ -1,0 +1,43 @@
+"""Dashboard-only tunables, with named defaults.
+
+The control plane's own knobs (``COUNT_CAP``, ``DASHBOARD_STATEMENT_TIMEOUT_MS``,
+``WORKER_TIMEOUT_SECONDS``) stay in ``jobs.conf``; these only shape the pages
+and the live relay, so each reads ``DASHBOARD_<NAME>`` from the environment
+and otherwise uses the default here.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULTS: dict[str, float] = {
+    # Rows per job-list page and timeline entries per page of history.
+    "PAGE_SIZE": 50,
+    "TIMELINE_PAGE": 200,
+    # The relay reads new events this often (one reader per web process).
+    "RELAY_INTERVAL_SECONDS": 0.5,
+    # Summary pages (overview, queues, workers) are re-rendered at most this
+    # often, and workers at least this often for heartbeat ages.
+    "SUMMARY_REFRESH_SECONDS": 2.0,
+    "WORKERS_REFRESH_SECONDS": 5.0,
+    # Polling fallback when the WebSocket cannot connect: start here, double
+    # when nothing changed or the answer was slow, never beyond the maximum.
+    "POLL_BASE_MS": 2000,
+    "POLL_MAX_MS": 30000,
+    "POLL_SLOW_MS": 1000,
+    # New jobs the relay describes per tick for the list's "new jobs" notice.
+    "RELAY_NEW_JOBS_MAX": 200,
+    # Recent windows.
+    "FAILURE_WINDOW_HOURS": 24,
+    "RECLAIM_WINDOW_HOURS": 1,
+    "CHILDREN_SHOWN": 100,
+}
+
+
+def setting(name: str) -> float:
+    """The value of a dashboard tunable; ``DASHBOARD_<NAME>`` in the environment wins."""
+    raw = os.environ.get(f"DASHBOARD_{name}")
+    default = DEFAULTS[name]
+    if raw:
+        return type(default)(float(raw)) if isinstance(default, int) else float(raw)
+    return default

@@ -1,0 +1,179 @@
+"""The dashboard's WebSocket: one socket per open page, subscribed to what the page shows.
+
+The client sends one message, ``{"subscribe": {...}}``, naming its page
+(``job`` with the job id and the last seq it shows; ``jobs`` with the ids of
+its rows, its filter and its newest row's time; ``overview``, ``workers``,
+``queues``). The consumer checks the user's role at connect (no role: the
+socket is refused), sends what the page missed since it was drawn, then
+forwards the relay's pushes as ``{"html": ...}`` fragments that swap in by id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.http import QueryDict
+from django.utils.dateparse import parse_datetime
+
+from dashboard import render, selectors
+from dashboard.filters import JobFilters
+from dashboard.permissions import role_of
+from dashboard.relay import LIST_GROUP, SUMMARY_PAGES, Subscription, job_group, page_group, relay
+
+MAX_IDS = 500
+
+
+class DashboardConsumer(AsyncJsonWebsocketConsumer):
+    role: str | None = None
+    sub: Subscription | None = None
+    group: str | None = None
+    cursor: int = 0
+    newest = None
+    new_ids: set[str]
+
+    async def connect(self) -> None:
+        self.role = await database_sync_to_async(role_of)(self.scope.get("user"))
+        if self.role is None:
+            await self.close(code=4403)
+            return
+        self.new_ids = set()
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        await self._leave()
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        spec = content.get("subscribe") if isinstance(content, dict) else None
+        if not isinstance(spec, dict):
+            await self.send_json({"error": 'Send {"subscribe": {"page": ...}}.'})
+            return
+        sub = self._parse(spec)
+        if sub is None:
+            await self.send_json({"error": "Unknown page or job id."})
+            return
+        await self._leave()
+        self.sub = sub
+        self.group = (
+            job_group(sub.job_id)
+            if sub.page == "job"
+            else LIST_GROUP
+            if sub.page == "jobs"
+            else page_group(sub.page)
+        )
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await relay.add(self.channel_name, sub)
+        if sub.page == "job":
+            await self._catch_up()
+        await self.send_json({"subscribed": sub.page})
+
+    def _parse(self, spec: dict[str, Any]) -> Subscription | None:
+        page = spec.get("page")
+        assert self.role is not None
+        if page == "job":
+            try:
+                job_id = uuid.UUID(str(spec.get("job")))
+                after = max(0, int(spec.get("after") or 0))
+            except (ValueError, TypeError):
+                return None
+            self.cursor = after
+            return Subscription(page="job", role=self.role, job_id=job_id, after=after)
+        if page == "jobs":
+            ids = spec.get("ids") or []
+            if not isinstance(ids, list):
+                return None
+            filters = JobFilters.from_query(QueryDict(str(spec.get("query") or "")))
+            self.newest = (
+                parse_datetime(str(spec.get("newest") or "")) if spec.get("first_page") else None
+            )
+            self.new_ids = set()
+            return Subscription(
+                page="jobs",
+                role=self.role,
+                ids={str(i) for i in ids[:MAX_IDS]},
+                filters=filters,
+            )
+        if page in SUMMARY_PAGES:
+            return Subscription(page=page, role=self.role)
+        return None
+
+    async def _leave(self) -> None:
+        relay.remove(self.channel_name)
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.group = None
+
+    # --- catching up ------------------------------------------------------------
+    async def _catch_up(self) -> None:
+        """Send what happened to the job between the page's render and this subscription."""
+        assert self.sub and self.sub.job_id
+        html, last = await database_sync_to_async(_job_since)(
+            self.sub.job_id, self.role, self.cursor
+        )
+        self.cursor = max(self.cursor, last)
+        if html:
+            await self.send_json({"html": html})
+
+    # --- pushes from the relay ------------------------------------------------------
+    async def job_update(self, message: dict[str, Any]) -> None:
+        if not self.sub or str(self.sub.job_id) != message["job"]:
+            return
+        entries = [(seq, html) for seq, html in message["entries"] if seq > self.cursor]
+        if entries and entries[0][0] > self.cursor + 1:
+            # The relay started this job later than this page: fill the gap ourselves.
+            missing = await database_sync_to_async(_entries_between)(
+                self.sub.job_id, self.cursor, entries[0][0]
+            )
+            entries = missing + entries
+        if entries:
+            self.cursor = entries[-1][0]
+        head = message["head"].get(self.role, "")
+        await self.send_json({"html": head + str(render.timeline_append(entries))})
+
+    async def jobs_changed(self, message: dict[str, Any]) -> None:
+        if not self.sub or self.sub.page != "jobs":
+            return
+        parts = [
+            versions[self.role]
+            for job_id, versions in message["rows"].items()
+            if job_id in self.sub.ids and self.role in versions
+        ]
+        if self.newest is not None and (message["new"] or message["many"]):
+            filters = self.sub.filters or JobFilters()
+            for job in message["new"]:
+                created = parse_datetime(job["created_at"])
+                if (
+                    created
+                    and created > self.newest
+                    and filters.matches({**job, "created_at": created})
+                ):
+                    self.new_ids.add(job["id"])
+            if self.new_ids or message["many"]:
+                count = len(self.new_ids)
+                parts.append(
+                    render.new_jobs_banner(
+                        count or 1, filters.querystring(), many=bool(message["many"] and not count)
+                    )
+                )
+        if parts:
+            await self.send_json({"html": "".join(parts)})
+
+    async def page_refresh(self, message: dict[str, Any]) -> None:
+        html = message["html"].get(self.role)
+        if html and self.sub and self.sub.page == message["page"]:
+            await self.send_json({"html": html})
+
+
+def _job_since(job_id: uuid.UUID, role: str, after: int) -> tuple[str, int]:
+    detail = selectors.job_detail(job_id)
+    if detail is None:
+        return "", after
+    events = selectors.events_after(job_id, after)
+    return str(render.job_live(detail, role, events)), (events[-1].seq if events else after)
+
+
+def _entries_between(job_id: uuid.UUID, after: int, before: int) -> list[tuple[int, str]]:
+    events = [e for e in selectors.events_after(job_id, after) if e.seq < before]
+    return [(seq, str(html)) for seq, html in render.timeline_entries(events)]

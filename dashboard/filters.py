@@ -1,0 +1,232 @@
+"""The job list's filters: parsed from the URL, applied to a queryset, matched in Python.
+
+The URL is the single source of truth, so a filtered view can be shared by
+copying its address. ``JobFilters.apply`` narrows a queryset; ``matches``
+answers the same question for one job summary, which lets the live relay
+tell a list page about new jobs without a query per open page.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.db import connections
+from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KeyTransform
+from django.http import QueryDict
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from jobs.states import Status
+
+RANGES: dict[str, timedelta] = {
+    "15m": timedelta(minutes=15),
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+}
+FIELDS = ("status", "queue", "operation", "parent", "range", "from", "to", "q", "payload")
+
+
+def _parse_time(raw: str) -> datetime | None:
+    """``datetime-local`` values (``2024-05-01T12:30``) and ISO 8601; naive means UTC."""
+    if not raw:
+        return None
+    parsed = parse_datetime(raw.strip())
+    if parsed is None:
+        raise ValueError(raw)
+    return parsed.replace(tzinfo=UTC) if timezone.is_naive(parsed) else parsed
+
+
+def json_contains(doc: Any, pattern: Any) -> bool:
+    """PostgreSQL's ``jsonb @>`` in Python: objects by subset, arrays by membership."""
+    if isinstance(pattern, dict):
+        return isinstance(doc, dict) and all(
+            k in doc and json_contains(doc[k], v) for k, v in pattern.items()
+        )
+    if isinstance(pattern, list):
+        if not isinstance(doc, list):
+            return False
+        return all(any(json_contains(d, p) for d in doc) for p in pattern)
+    if isinstance(pattern, bool) or isinstance(doc, bool):
+        return type(doc) is type(pattern) and doc == pattern
+    return doc == pattern
+
+
+@dataclass(frozen=True)
+class JobFilters:
+    status: tuple[str, ...] = ()
+    queue: str = ""
+    operation: str = ""
+    parent: str = ""
+    range: str = ""
+    time_from: datetime | None = None
+    time_to: datetime | None = None
+    q: str = ""
+    payload_text: str = ""
+    payload: dict[str, Any] | None = None
+    errors: dict[str, str] = field(default_factory=dict, compare=False)
+    raw: dict[str, str] = field(default_factory=dict, compare=False)
+
+    # --- parsing -----------------------------------------------------------
+    @classmethod
+    def from_query(cls, query: QueryDict) -> JobFilters:
+        """Read the filters from a query string; invalid values are reported, not applied."""
+        errors: dict[str, str] = {}
+        statuses = tuple(
+            s for s in (v.strip() for v in query.getlist("status")) if s in Status.values
+        )
+        parent = query.get("parent", "").strip()
+        if parent:
+            try:
+                parent = str(uuid.UUID(parent))
+            except ValueError:
+                errors["parent"] = "The parent must be a job id."
+                parent = ""
+        times: dict[str, datetime | None] = {}
+        for name in ("from", "to"):
+            try:
+                times[name] = _parse_time(query.get(name, ""))
+            except ValueError:
+                errors[name] = "Use a date and time such as 2025-01-31T14:00."
+                times[name] = None
+        payload_text = query.get("payload", "").strip()
+        payload = None
+        if payload_text:
+            try:
+                payload = json.loads(payload_text)
+            except ValueError:
+                errors["payload"] = 'Write a JSON object, for example {"account": 42}.'
+            else:
+                if not isinstance(payload, dict) or not payload:
+                    errors["payload"] = 'Write a non-empty JSON object, e.g. {"account": 42}.'
+                    payload = None
+        range_ = query.get("range", "").strip()
+        return cls(
+            status=statuses,
+            queue=query.get("queue", "").strip(),
+            operation=query.get("operation", "").strip(),
+            parent=parent,
+            range=range_ if range_ in RANGES else "",
+            time_from=times["from"],
+            time_to=times["to"],
+            q=query.get("q", "").strip()[:200],
+            payload_text=payload_text,
+            payload=payload,
+            errors=errors,
+            raw={k: query.get(k, "") for k in FIELDS if k != "status"},
+        )
+
+    # --- the URL -----------------------------------------------------------
+    def params(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = [("status", s) for s in self.status]
+        for key, value in (
+            ("queue", self.queue),
+            ("operation", self.operation),
+            ("parent", self.parent),
+            ("range", self.range),
+            ("from", self.raw.get("from", "") if self.time_from else ""),
+            ("to", self.raw.get("to", "") if self.time_to else ""),
+            ("q", self.q),
+            ("payload", self.payload_text if self.payload is not None else ""),
+        ):
+            if value:
+                out.append((key, value))
+        return out
+
+    def querystring(self) -> str:
+        return urlencode(self.params())
+
+    @property
+    def active(self) -> bool:
+        return bool(self.params())
+
+    def since(self, now: datetime | None = None) -> datetime | None:
+        """The lower time bound: the later of the range preset and ``from``."""
+        bounds = [b for b in (self.time_from,) if b]
+        if self.range:
+            bounds.append((now or timezone.now()) - RANGES[self.range])
+        return max(bounds) if bounds else None
+
+    # --- applying ------------------------------------------------------------
+    def apply(self, qs: QuerySet, *, now: datetime | None = None) -> QuerySet:
+        if self.status:
+            qs = qs.filter(status__in=self.status)
+        if self.queue:
+            qs = qs.filter(queue=self.queue)
+        if self.operation:
+            qs = qs.filter(operation=self.operation)
+        if self.parent:
+            qs = qs.filter(parent_id=self.parent)
+        since = self.since(now)
+        if since:
+            qs = qs.filter(created_at__gte=since)
+        if self.time_to:
+            qs = qs.filter(created_at__lt=self.time_to)
+        if self.q:
+            qs = qs.filter(self._text_q())
+        if self.payload is not None:
+            qs = self._apply_payload(qs)
+        return qs
+
+    def _text_q(self) -> Q:
+        text = self.q
+        cond = (
+            Q(operation__icontains=text)
+            | Q(error_code__icontains=text)
+            | Q(error_message__icontains=text)
+        )
+        try:
+            return Q(pk=uuid.UUID(text)) | cond
+        except ValueError:
+            pass
+        return cond
+
+    def _apply_payload(self, qs: QuerySet) -> QuerySet:
+        """jsonb ``@>`` on PostgreSQL; on SQLite, one equality per top-level key.
+
+        SQLite has no containment operator (Django refuses ``contains`` on its
+        JSONField), so there a nested value must match exactly rather than by
+        subset.
+        """
+        assert self.payload is not None
+        if connections[qs.db].vendor == "postgresql":
+            return qs.filter(payload__contains=self.payload)
+        for index, (key, value) in enumerate(self.payload.items()):
+            alias = f"_payload_key_{index}"
+            qs = qs.alias(**{alias: KeyTransform(key, "payload")})
+            qs = qs.filter(**{alias: value})  # None matches JSON null, as on PostgreSQL.
+        return qs
+
+    def matches(self, job: dict[str, Any], *, now: datetime | None = None) -> bool:
+        """Whether a job summary (``id``, ``status``, ``queue``, ``operation``,
+        ``parent_id``, ``created_at``, ``payload``, ``error_*``) passes these filters."""
+        if self.status and job["status"] not in self.status:
+            return False
+        if self.queue and job["queue"] != self.queue:
+            return False
+        if self.operation and job["operation"] != self.operation:
+            return False
+        if self.parent and str(job.get("parent_id") or "") != self.parent:
+            return False
+        since = self.since(now)
+        if since and job["created_at"] < since:
+            return False
+        if self.time_to and job["created_at"] >= self.time_to:
+            return False
+        if self.q:
+            text = self.q.lower()
+            haystack = " ".join(
+                str(job.get(k) or "") for k in ("operation", "error_code", "error_message")
+            ).lower()
+            if text not in haystack and text != str(job["id"]).lower():
+                return False
+        if self.payload is not None and not json_contains(job.get("payload"), self.payload):
+            return False
+        return True

@@ -1,0 +1,280 @@
+"""One live-update relay per web process: reads new job events, fans out rendered HTML.
+
+Workers write only to the database. Pages subscribe over a WebSocket; their
+consumers register here. While at least one is registered, a single task
+reads the ``JobEvent`` rows added since the last look (by primary key, every
+``RELAY_INTERVAL_SECONDS``), renders what the open pages show (once per role,
+not once per page) and sends it to channel-layer groups. A hundred open pages
+cost one indexed read per tick, not a hundred pollers; the task stops when
+the last page closes. Everything that happened during one tick goes out as
+one push per job or page, which debounces bursts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from dashboard import render, selectors
+from dashboard.conf import setting
+from dashboard.filters import JobFilters
+from jobs.models import Job, JobEvent
+
+log = logging.getLogger("dashboard.relay")
+
+OVERLAP = 200  # ids re-read each tick, for events committed after a later id
+BATCH = 5000
+SUMMARY_PAGES = ("overview", "workers", "queues")
+
+
+def job_group(job_id: uuid.UUID | str) -> str:
+    return f"dash.job.{uuid.UUID(str(job_id)).hex}"
+
+
+LIST_GROUP = "dash.jobs"
+
+
+def page_group(page: str) -> str:
+    return f"dash.page.{page}"
+
+
+@dataclass
+class Subscription:
+    """What one open page shows: its page kind and, for job pages and lists, which jobs."""
+
+    page: str
+    role: str
+    job_id: uuid.UUID | None = None
+    after: int = 0
+    ids: set[str] = field(default_factory=set)
+    filters: JobFilters | None = None
+
+
+@dataclass
+class Changes:
+    """What one read of the event table found."""
+
+    jobs: dict[uuid.UUID, int]  # job id -> highest new seq
+    enqueued: list[uuid.UUID]
+
+
+class Relay:
+    """The per-process relay. Consumers call ``add``/``remove``; the task runs itself."""
+
+    def __init__(self) -> None:
+        self.subscribers: dict[str, Subscription] = {}
+        self.task: asyncio.Task | None = None
+        self.last_id: int | None = None
+        self.seen: set[int] = set()
+        self.job_seq: dict[uuid.UUID, int] = {}
+        self.rendered_at: dict[str, float] = {}
+        self.dirty: bool = False
+        self.ticks = 0  # for tests and diagnostics
+        self.starts = 0
+
+    # --- subscribers -------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def add(self, channel_name: str, sub: Subscription) -> None:
+        """Register a page; start the task (after reading where the event table ends) if idle."""
+        self.subscribers[channel_name] = sub
+        if sub.job_id is not None:
+            self.job_seq.setdefault(sub.job_id, sub.after)
+        if not self.running:
+            self.last_id = await database_sync_to_async(_max_event_id)()
+            self.seen.clear()
+            if not self.running and self.subscribers:
+                self.starts += 1
+                self.task = asyncio.get_running_loop().create_task(
+                    self._run(), name="dashboard-relay"
+                )
+
+    def remove(self, channel_name: str) -> None:
+        """Forget a page; stop the task when no page is left."""
+        sub = self.subscribers.pop(channel_name, None)
+        if (
+            sub
+            and sub.job_id is not None
+            and not any(s.job_id == sub.job_id for s in self.subscribers.values())
+        ):
+            self.job_seq.pop(sub.job_id, None)
+        if not self.subscribers and self.task is not None:
+            self.task.cancel()
+            self.task = None
+            self.rendered_at.clear()
+
+    # --- the loop ----------------------------------------------------------
+    async def _run(self) -> None:
+        delay = float(setting("RELAY_INTERVAL_SECONDS"))
+        failures = 0
+        while self.subscribers:
+            try:
+                await self.tick()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database hiccup must not end live updates for good
+                failures += 1
+                log.exception("Dashboard relay tick failed (%s in a row).", failures)
+            await asyncio.sleep(delay * min(2**failures, 60))
+
+    async def tick(self) -> None:
+        """One read of new events and the pushes it calls for."""
+        self.ticks += 1
+        snapshot = dict(self.subscribers)
+        pushes = await database_sync_to_async(self._collect)(snapshot)
+        layer = get_channel_layer()
+        for group, message in pushes:
+            await layer.group_send(group, message)
+
+    # --- the work of one tick (runs in the database thread) ---------------
+    def _collect(self, subs: dict[str, Subscription]) -> list[tuple[str, dict[str, Any]]]:
+        changes = self._read_changes()
+        if changes.jobs:
+            self.dirty = True
+        pushes: list[tuple[str, dict[str, Any]]] = []
+        pushes += self._job_pushes(changes, subs)
+        pushes += self._list_pushes(changes, subs)
+        pushes += self._page_pushes(subs)
+        return pushes
+
+    def _read_changes(self) -> Changes:
+        if self.last_id is None:
+            self.last_id = _max_event_id()
+        low = max(self.last_id - OVERLAP, 0)
+        rows = list(
+            JobEvent.objects.filter(id__gt=low)
+            .order_by("id")
+            .values_list("id", "job_id", "seq", "event")[:BATCH]
+        )
+        if (
+            not rows
+            and self.last_id > 0
+            and not JobEvent.objects.filter(id__lte=self.last_id).exists()
+        ):
+            self.last_id, self.seen = 0, set()  # the table was emptied (tests, retention)
+        jobs: dict[uuid.UUID, int] = {}
+        enqueued: list[uuid.UUID] = []
+        for event_id, job_id, seq, name in rows:
+            if event_id in self.seen or event_id <= low:
+                continue
+            self.seen.add(event_id)
+            jobs[job_id] = max(seq, jobs.get(job_id, 0))
+            if name == "job.enqueued":
+                enqueued.append(job_id)
+        if rows:
+            self.last_id = max(self.last_id, rows[-1][0])
+        floor = self.last_id - OVERLAP
+        self.seen = {i for i in self.seen if i > floor}
+        return Changes(jobs=jobs, enqueued=enqueued)
+
+    def _job_pushes(self, changes: Changes, subs: dict[str, Subscription]):
+        watched: dict[uuid.UUID, set[str]] = {}
+        for sub in subs.values():
+            if sub.job_id is not None:
+                watched.setdefault(sub.job_id, set()).add(sub.role)
+        for job_id in set(changes.jobs) & set(watched):
+            detail = selectors.job_detail(job_id)
+            if detail is None:
+                continue
+            after = self.job_seq.get(job_id, 0)
+            events = selectors.events_after(job_id, after)
+            entries = render.timeline_entries(events)
+            if events:
+                self.job_seq[job_id] = events[-1].seq
+            head = {role: render.job_head(detail, role) for role in watched[job_id]}
+            yield (
+                job_group(job_id),
+                {
+                    "type": "job.update",
+                    "job": str(job_id),
+                    "entries": [[seq, str(html)] for seq, html in entries],
+                    "head": head,
+                },
+            )
+
+    def _list_pushes(self, changes: Changes, subs: dict[str, Subscription]):
+        lists = [s for s in subs.values() if s.page == "jobs"]
+        if not lists or not changes.jobs:
+            return
+        visible = set().union(*(s.ids for s in lists))
+        roles = {s.role for s in lists}
+        changed = [j for j in changes.jobs if str(j) in visible]
+        rows: dict[str, dict[str, str]] = {}
+        for job in selectors.job_rows(changed):
+            rows[str(job.id)] = {role: str(render.rows_oob([job], role)) for role in roles}
+        new: list[dict[str, Any]] = []
+        limit = int(setting("RELAY_NEW_JOBS_MAX"))
+        if changes.enqueued:
+            with_payload = any(s.filters and s.filters.payload is not None for s in lists)
+            new = _summaries(changes.enqueued[:limit], with_payload=with_payload)
+        if rows or new:
+            yield (
+                LIST_GROUP,
+                {
+                    "type": "jobs.changed",
+                    "rows": rows,
+                    "new": new,
+                    "many": len(changes.enqueued) > limit,
+                },
+            )
+
+    def _page_pushes(self, subs: dict[str, Subscription]):
+        now = time.monotonic()
+        quiet_after = float(setting("SUMMARY_REFRESH_SECONDS"))
+        at_least = float(setting("WORKERS_REFRESH_SECONDS"))
+        wanted: dict[str, set[str]] = {}
+        for sub in subs.values():
+            if sub.page in SUMMARY_PAGES:
+                wanted.setdefault(sub.page, set()).add(sub.role)
+        pushed = False
+        for page, roles in wanted.items():
+            since = now - self.rendered_at.get(page, 0.0)
+            if not ((self.dirty and since >= quiet_after) or since >= at_least):
+                continue
+            context = render.PAGE_CONTEXTS[page]()
+            html = {role: render.page_live(page, role, context) for role in roles}
+            self.rendered_at[page] = now
+            pushed = True
+            yield page_group(page), {"type": "page.refresh", "page": page, "html": html}
+        if pushed or not wanted:
+            self.dirty = False
+
+
+def _max_event_id() -> int:
+    return JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def _summaries(ids: list[uuid.UUID], *, with_payload: bool) -> list[dict[str, Any]]:
+    """New jobs described just enough for each list page to test its own filter."""
+    columns = [
+        "id",
+        "status",
+        "queue",
+        "operation",
+        "parent_id",
+        "created_at",
+        "error_code",
+        "error_message",
+    ]
+    if with_payload:
+        columns.append("payload")
+    out = []
+    for row in Job.objects.filter(pk__in=ids).values(*columns):
+        row["id"] = str(row["id"])
+        row["parent_id"] = str(row["parent_id"]) if row["parent_id"] else None
+        row["created_at"] = row["created_at"].isoformat()
+        out.append(row)
+    return out
+
+
+relay = Relay()

@@ -1,0 +1,467 @@
+"""Dashboard-only reads, each shaped to stay on an index at a million jobs.
+
+General reads (the keyset cursor, a job's events after a seq) come from
+``jobs.selectors``; what is here serves pages the REST API does not have:
+per-queue counts capped at ``COUNT_CAP`` (never a full ``COUNT(*)``), the
+throughput chart, failures grouped by error, orphaned jobs and what the
+reaper reclaimed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import connection
+from django.db.models import Count as DbCount
+from django.db.models import Max, Min, Q
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+from dashboard.conf import setting
+from dashboard.db import Count, cap, capped_count, table_estimate
+from dashboard.filters import JobFilters
+from jobs.conf import knob
+from jobs.models import Job, JobEvent, Queue, Worker
+from jobs.selectors import JobCursor, after_cursor
+from jobs.states import FAILED, QUEUED, RUNNING, SUCCEEDED, TERMINAL, Status
+
+STATES: tuple[str, ...] = tuple(s.value for s in Status)
+LIST_FIELDS = (
+    "id",
+    "operation",
+    "queue",
+    "status",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "run_after",
+    "error_code",
+    "progress_current",
+    "progress_total",
+    "parent_id",
+    "worker_id",
+)
+RECLAIM_EVENTS = ("job.lease_expired_requeue", "job.lease_expired", "job.timeout")
+
+
+# --- job list --------------------------------------------------------------
+
+
+def before_cursor(qs, cursor: JobCursor):
+    """Rows strictly newer than ``cursor`` (the mirror of ``after_cursor``)."""
+    return qs.filter(created_at__gte=cursor.created_at).filter(
+        Q(created_at__gt=cursor.created_at) | Q(id__gt=cursor.id)
+    )
+
+
+@dataclass
+class JobPage:
+    jobs: list[Job]
+    next_cursor: str | None
+    prev_cursor: str | None
+
+
+def job_page(
+    filters: JobFilters, *, after: str = "", before: str = "", limit: int | None = None
+) -> JobPage:
+    """One page of the newest-first list, keyset-paginated both ways on (created_at, id)."""
+    limit = int(limit or setting("PAGE_SIZE"))
+    qs = filters.apply(Job.objects.only(*LIST_FIELDS))
+    if before:
+        cursor = JobCursor.decode(before)
+        rows = list(before_cursor(qs, cursor).order_by("created_at", "id")[: limit + 1])
+        newer_exists = len(rows) > limit
+        rows = list(reversed(rows[:limit]))
+        older_exists = True
+    else:
+        if after:
+            qs = after_cursor(qs, JobCursor.decode(after))
+        rows = list(qs.order_by("-created_at", "-id")[: limit + 1])
+        older_exists = len(rows) > limit
+        rows = rows[:limit]
+        newer_exists = bool(after)
+
+    def token(job: Job) -> str:
+        return JobCursor(job.created_at, job.id).encode()
+
+    return JobPage(
+        jobs=rows,
+        next_cursor=token(rows[-1]) if rows and older_exists else None,
+        prev_cursor=token(rows[0]) if rows and newer_exists else None,
+    )
+
+
+def job_count(filters: JobFilters) -> Count:
+    """How many jobs match: the planner's estimate when unfiltered (PostgreSQL), else capped."""
+    if not filters.active:
+        estimate = table_estimate(Job._meta.db_table)
+        if estimate is not None and estimate.value > cap():
+            return estimate
+    return capped_count(filters.apply(Job.objects.all()))
+
+
+def job_rows(ids: Iterable[uuid.UUID | str]) -> list[Job]:
+    """The list columns of some jobs (for re-rendering rows that changed)."""
+    ids = list(ids)
+    return list(Job.objects.only(*LIST_FIELDS).filter(pk__in=ids)) if ids else []
+
+
+# --- queues ------------------------------------------------------------------
+
+
+def queue_names(limit: int = 1000) -> list[str]:
+    """Every queue named by a job or a Queue row.
+
+    A loose index scan (one ``MIN(queue) > previous`` probe per queue on the
+    ``(queue, status)`` index) instead of ``SELECT DISTINCT`` over every row.
+    """
+    sql = (
+        "WITH RECURSIVE q(name, n) AS ("
+        " SELECT MIN(queue), 1 FROM jobs_job"
+        " UNION ALL"
+        " SELECT (SELECT MIN(queue) FROM jobs_job WHERE queue > q.name), n + 1"
+        " FROM q WHERE q.name IS NOT NULL AND n < %s"
+        ") SELECT name FROM q WHERE name IS NOT NULL"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [limit])
+        names = {row[0] for row in cursor.fetchall()}
+    names |= set(Queue.objects.values_list("name", flat=True))
+    return sorted(names)
+
+
+def queue_state_counts(names: Sequence[str]) -> dict[str, dict[str, Count]]:
+    """Counts by state for each queue, each capped at ``COUNT_CAP``, in one statement."""
+    if not names:
+        return {}
+    limit = cap()
+    parts, params = [], []
+    for name in names:
+        for state in STATES:
+            parts.append(
+                "SELECT %s, %s, (SELECT COUNT(*) FROM (SELECT 1 FROM jobs_job"
+                " WHERE queue = %s AND status = %s LIMIT %s) AS t)"
+            )
+            params += [name, state, name, state, limit + 1]
+    out: dict[str, dict[str, Count]] = {n: {} for n in names}
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        for name, state, n in cursor.fetchall():
+            out[name][state] = Count(min(n, limit), capped=n > limit)
+    return out
+
+
+def oldest_ready(now: datetime | None = None) -> dict[str, datetime]:
+    """Per queue, since when its longest-waiting claimable job has been ready.
+
+    Reads only queued rows (the partial claim index), never finished ones;
+    a job scheduled for later is not waiting yet, so it does not count.
+    """
+    now = now or timezone.now()
+    rows = (
+        Job.objects.filter(status=QUEUED, run_after__lte=now)
+        .order_by()
+        .values_list("queue")
+        .annotate(oldest=Min("run_after"))
+    )
+    return dict(rows)
+
+
+@dataclass
+class QueueRow:
+    name: str
+    kind: str
+    paused: bool
+    concurrency_cap: int | None
+    counts: dict[str, Count]
+    oldest_ready: datetime | None
+
+    @property
+    def active(self) -> bool:
+        return bool(
+            self.counts.get(QUEUED, Count(0)).value or self.counts.get(RUNNING, Count(0)).value
+        )
+
+
+def queue_rows() -> list[QueueRow]:
+    """Every queue with its settings, capped counts by state and oldest ready job."""
+    names = queue_names()
+    settings = {q.name: q for q in Queue.objects.filter(name__in=names)}
+    counts = queue_state_counts(names)
+    oldest = oldest_ready()
+    rows = []
+    for name in names:
+        q = settings.get(name)
+        rows.append(
+            QueueRow(
+                name=name,
+                kind=q.kind if q else Queue.default_kind(name),
+                paused=bool(q and q.paused),
+                concurrency_cap=q.concurrency_cap if q else None,
+                counts=counts.get(name, {}),
+                oldest_ready=oldest.get(name),
+            )
+        )
+    return rows
+
+
+# --- throughput and failures ---------------------------------------------------
+
+
+@dataclass
+class Minute:
+    at: datetime
+    succeeded: int = 0
+    failed: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.succeeded + self.failed
+
+
+def throughput(minutes: int = 60, now: datetime | None = None) -> list[Minute]:
+    """Jobs finished per minute over the last ``minutes`` (the (status, finished_at) index)."""
+    now = (now or timezone.now()).replace(second=0, microsecond=0)
+    start = now - timedelta(minutes=minutes - 1)
+    buckets = {
+        start + timedelta(minutes=i): Minute(start + timedelta(minutes=i)) for i in range(minutes)
+    }
+    rows = (
+        Job.objects.filter(status__in=[SUCCEEDED, FAILED], finished_at__gte=start)
+        .order_by()
+        .annotate(minute=TruncMinute("finished_at"))
+        .values_list("minute", "status")
+        .annotate(n=DbCount("id"))
+    )
+    for minute, status, n in rows:
+        bucket = buckets.get(minute)
+        if bucket is not None:
+            setattr(bucket, status, getattr(bucket, status) + n)
+    return list(buckets.values())
+
+
+@dataclass
+class FailureGroup:
+    error_code: str
+    operation: str
+    count: int
+    last_at: datetime
+    sample_id: uuid.UUID | None = None
+    sample_message: str = ""
+
+
+def recent_failures(hours: float | None = None, limit: int = 8) -> list[FailureGroup]:
+    """Failed jobs of the recent window grouped by (error class, operation), most first."""
+    since = timezone.now() - timedelta(hours=hours or setting("FAILURE_WINDOW_HOURS"))
+    base = Job.objects.filter(status=FAILED, finished_at__gte=since).order_by()
+    groups = [
+        FailureGroup(error_code=code, operation=op, count=n, last_at=last)
+        for code, op, n, last in base.values_list("error_code", "operation")
+        .annotate(n=DbCount("id"), last=Max("finished_at"))
+        .order_by("-n", "-last")[:limit]
+    ]
+    for group in groups:
+        sample = (
+            base.filter(error_code=group.error_code, operation=group.operation)
+            .order_by("-finished_at")
+            .values_list("id", "error_message")
+            .first()
+        )
+        if sample:
+            group.sample_id, group.sample_message = sample[0], sample[1][:300]
+    return groups
+
+
+# --- workers -------------------------------------------------------------------
+
+
+@dataclass
+class WorkerRow:
+    worker: Worker
+    stale: bool
+    current: list[Job] = field(default_factory=list)
+
+
+def stale_before(now: datetime | None = None) -> datetime:
+    return (now or timezone.now()) - timedelta(seconds=float(knob("WORKER_TIMEOUT_SECONDS")))
+
+
+def worker_rows() -> list[WorkerRow]:
+    """Every worker, live ones first, with the jobs it is running."""
+    cutoff = stale_before()
+    workers = list(Worker.objects.order_by("hostname", "pid", "started_at"))
+    rows = {w.pk: WorkerRow(worker=w, stale=w.last_heartbeat < cutoff) for w in workers}
+    if rows:
+        running = Job.objects.filter(status=RUNNING, worker_id__in=list(rows)).only(*LIST_FIELDS)
+        for job in running.order_by("started_at")[:2000]:
+            rows[job.worker_id].current.append(job)
+    return sorted(rows.values(), key=lambda r: (r.stale, r.worker.hostname, r.worker.pid or 0))
+
+
+def live_worker_ids() -> list[uuid.UUID]:
+    return list(
+        Worker.objects.filter(last_heartbeat__gte=stale_before()).values_list("pk", flat=True)
+    )
+
+
+def orphaned_jobs(limit: int = 200) -> list[Job]:
+    """Running jobs held by a worker that is stale or gone (deferred coordinators excluded).
+
+    A deferred coordinator is ``running`` without a lease token: it waits for
+    its batches, not for a worker, so it is never an orphan.
+    """
+    return list(
+        Job.objects.filter(status=RUNNING, lease_token__isnull=False)
+        .exclude(worker_id__in=live_worker_ids())
+        .only(*LIST_FIELDS)
+        .order_by("started_at")[:limit]
+    )
+
+
+def workers_alive() -> tuple[int, int]:
+    """(alive, stale) worker counts."""
+    cutoff = stale_before()
+    stats = Worker.objects.aggregate(
+        alive=DbCount("pk", filter=Q(last_heartbeat__gte=cutoff)),
+        stale=DbCount("pk", filter=Q(last_heartbeat__lt=cutoff)),
+    )
+    return stats["alive"], stats["stale"]
+
+
+# --- reaper --------------------------------------------------------------------
+
+
+@dataclass
+class Reclaims:
+    counts: dict[str, int]
+    recent: list[JobEvent]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def reclaimed_recently(hours: float | None = None, limit: int = 25) -> Reclaims:
+    """What the reaper did in the recent window: requeued or failed leases, timeouts."""
+    since = timezone.now() - timedelta(hours=hours or setting("RECLAIM_WINDOW_HOURS"))
+    events = JobEvent.objects.filter(ts__gte=since, event__in=RECLAIM_EVENTS)
+    counts = dict.fromkeys(RECLAIM_EVENTS, 0)
+    for name, n in events.order_by().values_list("event").annotate(n=DbCount("id")):
+        counts[name] = n
+    recent = list(
+        events.select_related("job")
+        .only(
+            "id",
+            "seq",
+            "ts",
+            "event",
+            "level",
+            "message",
+            "job__id",
+            "job__queue",
+            "job__operation",
+            "job__status",
+        )
+        .order_by("-ts")[:limit]
+    )
+    return Reclaims(counts=counts, recent=recent)
+
+
+# --- one job -------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    current: int
+    total: int | None
+    percent: float | None
+    eta: datetime | None
+
+
+def progress_of(job: Job, now: datetime | None = None) -> Progress | None:
+    """The progress bar's figures; the finish estimate assumes the rate so far holds."""
+    total, current = job.progress_total, job.progress_current or 0
+    if not total and not current:
+        return None
+    percent = min(100.0, 100.0 * current / total) if total else None
+    eta = None
+    if job.status == RUNNING and job.started_at and total and 0 < current < total:
+        elapsed = ((now or timezone.now()) - job.started_at).total_seconds()
+        eta = (now or timezone.now()) + timedelta(seconds=elapsed * (total - current) / current)
+    return Progress(current=current, total=total, percent=percent, eta=eta)
+
+
+@dataclass
+class JobDetail:
+    job: Job
+    worker: Worker | None
+    worker_stale: bool
+    parent: Job | None
+    children: list[Job]
+    child_counts: dict[str, Count]
+    progress: Progress | None
+
+    @property
+    def child_total(self) -> int:
+        return sum(c.value for c in self.child_counts.values())
+
+    @property
+    def has_children(self) -> bool:
+        return any(c.value for c in self.child_counts.values())
+
+
+def job_detail(job_id: uuid.UUID | str) -> JobDetail | None:
+    """Everything the job page shows except the timeline (see ``timeline``)."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return None
+    worker = Worker.objects.filter(pk=job.worker_id).first() if job.worker_id else None
+    parent = (
+        Job.objects.only("id", "operation", "status", "queue").filter(pk=job.parent_id).first()
+        if job.parent_id
+        else None
+    )
+    kids = Job.objects.filter(parent_id=job.pk)
+    child_counts = {s: capped_count(kids.filter(status=s)) for s in STATES}
+    children = (
+        list(kids.only(*LIST_FIELDS).order_by("created_at", "id")[: int(setting("CHILDREN_SHOWN"))])
+        if any(c.value for c in child_counts.values())
+        else []
+    )
+    return JobDetail(
+        job=job,
+        worker=worker,
+        worker_stale=bool(worker and worker.last_heartbeat < stale_before()),
+        parent=parent,
+        children=children,
+        child_counts=child_counts,
+        progress=progress_of(job),
+    )
+
+
+def timeline(
+    job_id: uuid.UUID, *, before: int | None = None, limit: int | None = None
+) -> tuple[list[JobEvent], bool]:
+    """The latest ``limit`` events (or those before seq ``before``), ascending, and
+    whether earlier ones exist."""
+    limit = int(limit or setting("TIMELINE_PAGE"))
+    qs = JobEvent.objects.filter(job_id=job_id)
+    if before is not None:
+        qs = qs.filter(seq__lt=before)
+    rows = list(qs.order_by("-seq")[: limit + 1])
+    earlier = len(rows) > limit
+    return list(reversed(rows[:limit])), earlier
+
+
+def events_after(job_id: uuid.UUID, after: int, limit: int = 500) -> list[JobEvent]:
+    """Events with seq > ``after``, ascending: gap-free because seqs commit in order."""
+    return list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])
+
+
+TERMINAL_VALUES = tuple(s.value for s in TERMINAL)

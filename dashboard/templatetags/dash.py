@@ -1,0 +1,114 @@
+"""Template filters for the dashboard: formatting only, never marking job data safe.
+
+Every filter here returns plain ``str`` so Django's autoescaping still
+applies to whatever job data passes through it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    """JSON indented for reading; the template escapes the result like any other text."""
+    if value is None:
+        return "null"
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@register.filter
+def compact_json(value: Any, limit: int = 300) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= int(limit) else text[: int(limit) - 1] + "…"
+
+
+@register.filter
+def short_id(value: Any) -> str:
+    return str(value)[:8]
+
+
+@register.filter
+def iso(value: datetime | None) -> str:
+    return value.isoformat() if value else ""
+
+
+def _seconds(value: Any) -> float | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return float(value)
+
+
+@register.filter
+def duration(value: Any) -> str:
+    """``950 ms``, ``4.2 s``, ``3 min 5 s``, ``2 h 10 min``, ``3 d 4 h``."""
+    seconds = _seconds(value)
+    if seconds is None:
+        return "—"
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+@register.filter
+def since(start: datetime | None, end: datetime | None) -> str:
+    """The duration from ``start`` to ``end`` (``{{ a|since:b }}``)."""
+    if not start or not end:
+        return "—"
+    return duration(end - start)
+
+
+@register.filter
+def get(mapping: Any, key: Any) -> Any:
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None
+
+
+@register.filter
+def fields_items(fields: Any) -> list[tuple[str, str]]:
+    """An event's fields as (key, compact JSON value) pairs, for display only."""
+    if not isinstance(fields, dict):
+        return [("value", compact_json(fields))] if fields not in (None, "") else []
+    return [(str(k), compact_json(v, 200)) for k, v in fields.items()]
+
+
+@register.filter
+def job_progress(job: Any) -> Any:
+    """The progress figures of a job row (None when it reports none)."""
+    from dashboard.selectors import progress_of
+
+    return progress_of(job)
+
+
+@register.filter
+def intcomma_plain(value: Any) -> str:
+    """``1234567`` as ``1,234,567`` (without loading django.contrib.humanize)."""
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def split_words(value: str) -> list[str]:
+    return value.split()

@@ -1,0 +1,162 @@
+"""Operator actions. Each view checks the role (``action``), calls one function of
+``dashboard.actions`` and redirects back with a message saying what changed."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from dashboard import actions
+from dashboard.filters import JobFilters
+from dashboard.permissions import actor_name
+from dashboard.views.common import action, base_context
+from jobs.exceptions import JobNotFound
+from jobs.selectors import parse_uuid
+
+VERBS = {"cancel": ("Cancel", "Cancelled", "cancelled"), "retry": ("Retry", "Retried", "retried")}
+
+
+def _back(request: HttpRequest, fallback: str) -> HttpResponseRedirect:
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = fallback
+    return HttpResponseRedirect(target or fallback)
+
+
+def _plural(n: int, word: str = "job") -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+# --- one job ---------------------------------------------------------------------
+
+
+@action
+def cancel(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    try:
+        changed = actions.cancel_one(
+            job_id, by=actor_name(request.user), reason=request.POST.get("reason", "")
+        )
+    except JobNotFound:
+        raise Http404("No such job.") from None
+    if changed:
+        messages.success(request, "Job cancelled.")
+    else:
+        messages.info(request, "The job had already ended; nothing changed.")
+    return _back(request, reverse("dashboard:job", args=[job_id]))
+
+
+@action
+def retry(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    if actions.retry_one(
+        job_id, by=actor_name(request.user), reason=request.POST.get("reason", "")
+    ):
+        messages.success(request, "Job queued again.")
+    else:
+        messages.info(request, "Only failed or cancelled jobs can be retried; nothing changed.")
+    return _back(request, reverse("dashboard:job", args=[job_id]))
+
+
+# --- bulk ------------------------------------------------------------------------
+
+
+@action
+def bulk(request: HttpRequest) -> HttpResponse:
+    """Two steps on one URL: without ``confirm`` show what would change, with it run.
+
+    The filters travel in the query string (as on the list), the selection
+    and the action in the form.
+    """
+    filters = JobFilters.from_query(request.GET)
+    kind, _, scope = request.POST.get("do", "").partition("-")
+    scope = "filter" if scope == "filter" else "selected"
+    ids = [i for i in (parse_uuid(v) for v in request.POST.getlist("ids")[:1000]) if i]
+    list_url = reverse("dashboard:jobs") + (f"?{filters.querystring()}" if filters.active else "")
+    if kind not in actions.ACTIONS:
+        messages.error(request, "Choose Cancel or Retry.")
+        return HttpResponseRedirect(list_url)
+    if scope == "selected" and not ids:
+        messages.warning(
+            request, "Select at least one job, or act on every job matching the filter."
+        )
+        return HttpResponseRedirect(list_url)
+    plan = actions.plan_bulk(kind, scope=scope, ids=ids, filters=filters)
+    verb, done, _ = VERBS[kind]
+    if request.POST.get("confirm") != "1":
+        context = {
+            **base_context(request, "jobs"),
+            "plan": plan,
+            "verb": verb,
+            "filters": filters,
+            "list_url": list_url,
+            "post_url": request.get_full_path(),
+        }
+        return render(request, "dashboard/bulk_confirm.html", context)
+    changed = actions.run_bulk(
+        plan, by=actor_name(request.user), reason=request.POST.get("reason", "")
+    )
+    if changed:
+        text = f"{done} {_plural(changed)}."
+        if plan.truncated:
+            text += f" At most {plan.limit:,} change per run: run it again for the rest."
+        messages.success(request, text)
+    else:
+        messages.info(request, f"No job could be {VERBS[kind][2]}; nothing changed.")
+    return HttpResponseRedirect(list_url)
+
+
+# --- workers and queues -------------------------------------------------------------
+
+
+@action
+def requeue(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    if actions.requeue_orphan(job_id, by=actor_name(request.user)):
+        messages.success(request, "Job requeued: another worker will pick it up.")
+    else:
+        messages.info(request, "The job is no longer orphaned (its worker is alive or it ended).")
+    return _back(request, reverse("dashboard:workers"))
+
+
+def _queue_name(request: HttpRequest) -> str:
+    name = request.POST.get("name", "").strip()
+    if not name or len(name) > 200:
+        raise Http404("No such queue.")
+    return name
+
+
+@action
+def pause(request: HttpRequest) -> HttpResponse:
+    name = _queue_name(request)
+    actions.set_paused(name, True)
+    messages.success(request, f"Queue {name} paused: workers stop claiming from it.")
+    return _back(request, reverse("dashboard:queues"))
+
+
+@action
+def resume(request: HttpRequest) -> HttpResponse:
+    name = _queue_name(request)
+    actions.set_paused(name, False)
+    messages.success(request, f"Queue {name} resumed.")
+    return _back(request, reverse("dashboard:queues"))
+
+
+@action
+def set_cap(request: HttpRequest) -> HttpResponse:
+    name = _queue_name(request)
+    try:
+        value = actions.parse_cap(request.POST.get("concurrency_cap", ""))
+    except ValueError:
+        messages.error(
+            request, "The cap must be a whole number from 1 to 100,000, or empty for none."
+        )
+        return _back(request, reverse("dashboard:queues"))
+    actions.set_concurrency_cap(name, value)
+    if value is None:
+        messages.success(request, f"Queue {name} has no concurrency cap now.")
+    else:
+        messages.success(request, f"Queue {name} runs at most {_plural(value)} at once.")
+    return _back(request, reverse("dashboard:queues"))

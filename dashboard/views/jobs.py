@@ -1,0 +1,122 @@
+"""The job list and the job page, with their polling endpoints."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from dashboard import render as fragments
+from dashboard import selectors
+from dashboard.db import capped_count
+from dashboard.filters import RANGES, JobFilters
+from dashboard.permissions import role_of
+from dashboard.views.common import base_context, no_store, page
+from jobs.models import Job, RemoteOperation
+from jobs.operations import registry
+from jobs.selectors import InvalidFilter, parse_uuid
+
+
+def _list_context(request: HttpRequest) -> dict:
+    filters = JobFilters.from_query(request.GET)
+    after, before = request.GET.get("after", ""), request.GET.get("before", "")
+    cursor_error = ""
+    try:
+        result = selectors.job_page(filters, after=after, before=before)
+    except InvalidFilter:
+        cursor_error = "That page link is no longer valid; showing the newest jobs."
+        result = selectors.job_page(filters)
+        after = before = ""
+    return {
+        "filters": filters,
+        "page": result,
+        "jobs": result.jobs,
+        "first_page": not (after or before) or result.prev_cursor is None,
+        "total": selectors.job_count(filters),
+        "queue_names": selectors.queue_names(),
+        "operation_names": _operation_names(),
+        "ranges": list(RANGES),
+        "states": selectors.STATES,
+        "cursor_error": cursor_error,
+        "query": filters.querystring(),
+        "loaded_at": timezone.now(),
+    }
+
+
+def _operation_names() -> list[str]:
+    remote = RemoteOperation.objects.filter(deleted=False).values_list("name", flat=True)
+    return sorted({*registry.names(), *remote})
+
+
+@page
+def job_list(request: HttpRequest) -> HttpResponse:
+    return render(
+        request, "dashboard/jobs.html", {**base_context(request, "jobs"), **_list_context(request)}
+    )
+
+
+@page
+def job_list_live(request: HttpRequest) -> HttpResponse:
+    """Polling fallback for the list: fresh rows for the ids shown, and the new-jobs notice."""
+    ids = [i for i in (parse_uuid(v) for v in request.GET.get("ids", "").split(",")[:200]) if i]
+    role = role_of(request.user)
+    html = fragments.rows_oob(selectors.job_rows(ids), role)
+    newest = parse_datetime(request.GET.get("newest", "") or "")
+    if newest is not None:
+        filters = JobFilters.from_query(request.GET)
+        fresh = capped_count(filters.apply(Job.objects.filter(created_at__gt=newest)), limit=999)
+        if fresh.value:
+            html += fragments.new_jobs_banner(fresh.value, filters.querystring(), many=fresh.capped)
+    return no_store(HttpResponse(html))
+
+
+def _detail_or_404(job_id: uuid.UUID) -> selectors.JobDetail:
+    detail = selectors.job_detail(job_id)
+    if detail is None:
+        raise Http404("No such job.")
+    return detail
+
+
+@page
+def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    detail = _detail_or_404(job_id)
+    events, earlier = selectors.timeline(job_id)
+    context = {
+        **base_context(request, "jobs"),
+        **fragments.job_context(detail, role_of(request.user)),
+        "events": events,
+        "earlier": earlier,
+        "last_seq": events[-1].seq if events else 0,
+    }
+    return render(request, fragments.JOB_TEMPLATE, context)
+
+
+def _int(raw: str | None, default: int = 0) -> int:
+    try:
+        return max(0, int(raw or default))
+    except ValueError:
+        return default
+
+
+@page
+def job_live(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    """Polling fallback for the job page: the same fragments a WebSocket push carries."""
+    detail = _detail_or_404(job_id)
+    events = selectors.events_after(job_id, _int(request.GET.get("after")))
+    return no_store(HttpResponse(fragments.job_live(detail, role_of(request.user), events)))
+
+
+@page
+def job_earlier(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    """Older timeline entries, loaded on demand above the ones shown."""
+    before = _int(request.GET.get("before"))
+    events, earlier = selectors.timeline(job_id, before=before)
+    html = render_to_string(
+        f"{fragments.JOB_TEMPLATE}#earlier-page",
+        {"job": {"id": job_id}, "events": events, "earlier": earlier},
+    )
+    return HttpResponse(html)

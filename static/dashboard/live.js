@@ -1,0 +1,190 @@
+// Live updates for every dashboard page.
+//
+// One WebSocket per page, subscribed to what the page shows; the server sends
+// {"html": ...}: fragments it rendered (and escaped) that replace elements by id
+// (htmx out-of-band swaps). If the socket cannot connect, the page polls the
+// same fragments over HTTP instead, doubling the interval (up to a maximum)
+// whenever nothing changed or the answer was slow, and keeps trying the socket.
+(function () {
+  "use strict";
+  var el = document.getElementById("live");
+  if (!el || !window.htmx) return;
+
+  var page = el.dataset.page;
+  var base = Number(el.dataset.pollBase) || 2000;
+  var max = Number(el.dataset.pollMax) || 30000;
+  var slow = Number(el.dataset.pollSlow) || 1000;
+  var interval = base;
+  var socket = null;
+  var pollTimer = null;
+  var reconnectTimer = null;
+  var attempts = 0;
+  var lastBody = null;
+  var pending = null;
+  var stopped = false;
+
+  function setState(state, text) {
+    el.dataset.state = state;
+    el.dataset.interval = String(interval);
+    var label = el.querySelector(".live-text");
+    if (label) label.textContent = text;
+  }
+
+  // --- what the page currently shows ---------------------------------------------
+  function lastSeq() {
+    var items = document.querySelectorAll("#timeline > [data-seq]");
+    return items.length ? Number(items[items.length - 1].dataset.seq) : 0;
+  }
+  function rows() { return Array.prototype.slice.call(document.querySelectorAll("#job-rows tr[data-job-id]")); }
+  function rowIds() { return rows().map(function (r) { return r.dataset.jobId; }); }
+  function newest() {
+    var body = document.getElementById("job-rows");
+    if (!body || body.dataset.firstPage !== "1") return "";
+    var first = body.querySelector("tr[data-created]");
+    return first ? first.dataset.created : (body.dataset.loadedAt || "");
+  }
+  function subscription() {
+    if (page === "job") return { page: "job", job: el.dataset.job, after: lastSeq() };
+    if (page === "jobs") {
+      var n = newest();
+      return { page: "jobs", ids: rowIds(), query: el.dataset.query || "", newest: n, first_page: Boolean(n) };
+    }
+    return { page: page };
+  }
+  function pollUrl() {
+    var url = el.dataset.poll;
+    var params = new URLSearchParams();
+    if (page === "job") {
+      params.set("after", String(lastSeq()));
+    } else if (page === "jobs") {
+      new URLSearchParams(el.dataset.query || "").forEach(function (v, k) { params.append(k, v); });
+      params.set("ids", rowIds().join(","));
+      var n = newest();
+      if (n) params.set("newest", n);
+    } else {
+      return url;
+    }
+    return url + (url.indexOf("?") >= 0 ? "&" : "?") + params.toString();
+  }
+
+  // --- applying server fragments ----------------------------------------------------
+  function editing() {
+    var a = document.activeElement;
+    return Boolean(a && a.matches && a.matches("input, textarea, select") && a.closest("[data-live-hold]"));
+  }
+  function dedupeTimeline() {
+    var seen = -1;
+    document.querySelectorAll("#timeline > [data-seq]").forEach(function (item) {
+      var seq = Number(item.dataset.seq);
+      if (seq <= seen) item.remove(); else seen = seq;
+    });
+  }
+  function apply(html) {
+    if (!html) return;
+    if (editing()) { pending = html; return; } // do not replace a form someone is typing in
+    var checked = {};
+    rows().forEach(function (r) {
+      var box = r.querySelector('input[name="ids"]');
+      if (box && box.checked) checked[r.dataset.jobId] = true;
+    });
+    window.htmx.swap(document.body, html, { swapStyle: "none" });
+    rows().forEach(function (r) {
+      var box = r.querySelector('input[name="ids"]');
+      if (box && checked[r.dataset.jobId]) box.checked = true;
+    });
+    dedupeTimeline();
+    document.dispatchEvent(new CustomEvent("live:applied"));
+  }
+  document.addEventListener("focusout", function () {
+    setTimeout(function () {
+      if (pending && !editing()) { var html = pending; pending = null; apply(html); }
+    }, 0);
+  });
+
+  // --- polling fallback ----------------------------------------------------------------
+  function socketOpen() { return socket !== null && socket.readyState === 1; }
+  function schedule() {
+    if (stopped || socketOpen()) return;
+    clearTimeout(pollTimer);
+    setState("polling", "Polling every " + Math.round(interval / 1000) + " s");
+    pollTimer = setTimeout(poll, interval);
+  }
+  function poll() {
+    pollTimer = null;
+    if (socketOpen()) return;
+    var started = performance.now();
+    fetch(pollUrl(), { headers: { "HX-Request": "true" }, credentials: "same-origin", cache: "no-store" })
+      .then(function (response) {
+        if (response.redirected || response.status === 401 || response.status === 403) {
+          stopped = true;
+          setState("off", "Signed out: reload");
+          return null;
+        }
+        if (!response.ok) throw new Error("HTTP " + response.status);
+        return response.text();
+      })
+      .then(function (body) {
+        if (body === null) return;
+        var took = performance.now() - started;
+        var changed = body !== lastBody;
+        lastBody = body;
+        if (changed) apply(body);
+        interval = changed && took < slow ? base : Math.min(interval * 2, max);
+        schedule();
+      })
+      .catch(function () {
+        interval = Math.min(interval * 2, max);
+        schedule();
+      });
+  }
+  function startPolling() {
+    if (pollTimer === null && !stopped) schedule();
+  }
+  function stopPolling() {
+    clearTimeout(pollTimer);
+    pollTimer = null;
+    interval = base;
+    lastBody = null;
+  }
+
+  // --- the WebSocket -----------------------------------------------------------------
+  function connect() {
+    reconnectTimer = null;
+    if (stopped) return;
+    if (!window.WebSocket) { startPolling(); return; }
+    var ws;
+    try {
+      ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + el.dataset.ws);
+    } catch (error) {
+      startPolling();
+      return;
+    }
+    socket = ws;
+    ws.onopen = function () {
+      attempts = 0;
+      stopPolling();
+      ws.send(JSON.stringify({ subscribe: subscription() }));
+      setState("live", "Live");
+    };
+    ws.onmessage = function (event) {
+      var data;
+      try { data = JSON.parse(event.data); } catch (error) { return; }
+      if (data && typeof data.html === "string") apply(data.html);
+    };
+    ws.onclose = function () {
+      if (socket === ws) socket = null;
+      if (stopped) return;
+      startPolling();
+      attempts += 1;
+      clearTimeout(reconnectTimer);
+      reconnectTimer = setTimeout(connect, Math.min(1000 * Math.pow(2, attempts), 30000));
+    };
+  }
+
+  window.__live = {
+    state: function () { return el.dataset.state; },
+    interval: function () { return interval; },
+  };
+  setState("connecting", "Connecting…");
+  connect();
+})();
