@@ -311,15 +311,20 @@ class JobManager:
             log.info("job %s stopped: %s", job.id, error.message)
             self._forget(job.id, "lost")
         except Exception as error:  # noqa: BLE001 - the operation's failure is the job's
-            if not job.cancelled:
+            try:
                 self.fail(job, error)
-            else:
+            except Exception as report_error:  # noqa: BLE001
+                log.error("job %s: the failure could not be reported: %s", job.id, report_error)
                 self._forget(job.id, "lost")
         else:
-            if isinstance(outcome, Deferred):
-                self.complete(job, outcome.result, deferred=True)
-            else:
-                self.complete(job, outcome)
+            try:
+                if isinstance(outcome, Deferred):
+                    self.complete(job, outcome.result, deferred=True)
+                else:
+                    self.complete(job, outcome)
+            except Exception as error:  # noqa: BLE001 - the lease expires and the job is requeued
+                log.error("job %s: the result could not be reported: %s", job.id, error)
+                self._forget(job.id, "lost")
 
     # --- reports on a held job --------------------------------------------------------------
     def start(self, job: ClaimedJob) -> None:

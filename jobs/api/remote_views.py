@@ -123,7 +123,7 @@ class EventBody(serializers.Serializer):
 
 class CompleteBody(serializers.Serializer):
     lease_token = serializers.CharField()
-    result = serializers.JSONField(required=False, default=None)
+    result = serializers.JSONField(required=False, allow_null=True, default=None)
     deferred = serializers.BooleanField(required=False, default=False)
 
 

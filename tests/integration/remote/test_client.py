@@ -1,0 +1,146 @@
+"""The real client (``controlplane_client``) in its own process against a real daphne server."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from jobs.enqueue import enqueue
+from jobs.models import Job, JobEvent, Worker
+from jobs.transitions import cancel_job
+
+from .helpers import events_of, eventually, job_status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def worker_id_of(client) -> str:
+    out = client.wait_output("READY ")
+    return out.split("READY ", 1)[1].split()[0]
+
+
+def succeeded(job_id) -> Job | None:
+    job = Job.objects.get(pk=job_id)
+    return job if job.status == "succeeded" else None
+
+
+def test_auto_serve_runs_jobs_end_to_end(start_client, server):
+    client = start_client("--mode", "auto", "--concurrency", "2")
+    worker_id = worker_id_of(client)
+    worker = Worker.objects.get(pk=worker_id)
+    assert worker.kind == "remote" and worker.name == "test-client"
+    jobs = [enqueue("remote.echo", {"text": f"hello {i}"}) for i in range(3)]
+    flaky = enqueue("remote.flaky", {})
+    broken = enqueue("remote.broken", {})
+    for i, job in enumerate(jobs):
+        done = eventually(lambda job=job: succeeded(job.pk), message=f"job {i} to succeed")
+        assert done.result == {"echo": f"hello {i}", "attempt": 1}
+        assert (done.progress_current, done.progress_total) == (1, 1)
+        assert events_of(job.pk) == ["job.enqueued", "job.started", "job.progress", "job.succeeded"]
+    # A retryable failure comes back with backoff and succeeds on the next attempt.
+    done = eventually(lambda: succeeded(flaky.pk), message="the flaky job to succeed")
+    assert done.result == {"attempt": 2}
+    assert "job.retry_scheduled" in events_of(flaky.pk)
+    # Any other exception fails the job with the exception's name and message.
+    eventually(lambda: job_status(broken.pk) == "failed", message="the broken job to fail")
+    broken.refresh_from_db()
+    assert (broken.error_code, broken.error_message) == ("ValueError", "broken on purpose")
+    # SIGTERM: a graceful goodbye removes the worker.
+    client.signal(signal.SIGTERM)
+    assert client.wait() == 0, client.output()
+    assert "STOPPED" in client.output()
+    assert not Worker.objects.filter(pk=worker_id).exists()
+
+
+def test_deferred_result_and_cancellation_reach_the_client(start_client, server):
+    client = start_client("--mode", "auto")
+    worker_id_of(client)
+    coordinator = enqueue("remote.deferred", {})
+    eventually(lambda: JobEvent.objects.filter(job=coordinator, event="job.deferred").exists(),
+               message="the deferred result")
+    coordinator.refresh_from_db()
+    assert (coordinator.status, coordinator.result, coordinator.lease_token) == (
+        "running", {"partial": True}, None)
+    slow = enqueue("remote.slow", {"seconds": 30})
+    eventually(lambda: Job.objects.get(pk=slow.pk).progress_current >= 2, message="slow progress")
+    cancel_job(slow.pk, reason="operator")
+    # The client hears of it (a refused emit or the heartbeat) and stops early; nothing overwrites it.
+    client.wait_output(f"job {slow.pk}")
+    time.sleep(0.5)
+    assert job_status(slow.pk) == "cancelled"
+    assert events_of(slow.pk)[-1] == "job.cancelled"
+
+
+def test_manual_mode_claims_listens_and_reports(start_client, server):
+    client = start_client("--mode", "manual", "--count", "3")
+    worker_id = worker_id_of(client)
+    jobs = [enqueue("remote.echo", {"text": f"m{i}"}) for i in range(2)]
+    client.wait_output(f"DONE {jobs[1].pk}")
+    later = enqueue("remote.echo", {"text": "late"})
+    client.wait_output("STOPPED")
+    assert client.wait() == 0
+    for job in [*jobs, later]:
+        job.refresh_from_db()
+        assert job.status == "succeeded" and job.result["echo"] == job.payload["text"]
+        assert events_of(job.pk) == [
+            "job.enqueued", "job.started", "job.client_started", "job.progress", "job.succeeded",
+        ]
+        assert f"DONE {job.pk} succeeded" in client.output()
+    assert not Worker.objects.filter(pk=worker_id).exists()
+
+
+def test_push_less_client_gets_every_job_by_polling(start_client, server):
+    client = start_client("--mode", "auto", "--no-websocket", "--long-poll", "0",
+                          "--polling-interval", "0.2")
+    worker_id_of(client)
+    jobs = []
+    for i in range(6):
+        jobs.append(enqueue("remote.echo", {"text": str(i)}))
+        time.sleep(0.1)
+    for job in jobs:
+        eventually(lambda job=job: succeeded(job.pk), message="every job to succeed by polling")
+
+
+def test_websocket_push_wakes_a_client_that_would_poll_slowly(start_client, server):
+    # Polling every 60 s and no long-poll: only the push can make this fast.
+    client = start_client("--mode", "auto", "--long-poll", "0", "--polling-interval", "60")
+    worker_id_of(client)
+    time.sleep(1.0)  # the socket is up and the first empty claim is behind us
+    started = time.monotonic()
+    job = enqueue("remote.echo", {"text": "pushed"})
+    eventually(lambda: succeeded(job.pk), timeout=10, message="the pushed job to succeed")
+    assert time.monotonic() - started < 10
+
+
+def test_sigterm_mid_job_requeues_it_without_counting_the_attempt(start_client, server):
+    client = start_client("--mode", "auto", "--grace", "0.3")
+    worker_id = worker_id_of(client)
+    job = enqueue("remote.slow", {"seconds": 30})
+    eventually(lambda: job_status(job.pk) == "running", message="the slow job to start")
+    client.signal(signal.SIGTERM)
+    assert client.wait() == 0, client.output()
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.worker_id) == ("queued", 0, None)
+    assert "job.requeued" in events_of(job.pk)
+    assert not Worker.objects.filter(pk=worker_id).exists()
+
+
+def test_killed_client_is_swept_and_its_job_runs_elsewhere(start_client, start_process, server):
+    client = start_client("--mode", "auto")
+    worker_id = worker_id_of(client)
+    job = enqueue("remote.slow", {"seconds": 30})
+    eventually(lambda: job_status(job.pk) == "running", message="the slow job to start")
+    client.signal(signal.SIGKILL)
+    client.wait()
+    reaper = start_process("reaper", "--interval", "0.3")
+    eventually(lambda: not Worker.objects.filter(pk=worker_id).exists(), timeout=20,
+               message="the reaper to sweep the silent worker")
+    eventually(lambda: job_status(job.pk) == "queued", message="the job to be requeued")
+    assert "job.lease_expired_requeue" in events_of(job.pk)
+    reaper.signal(signal.SIGTERM)
+    # A new client picks it up and finishes it.
+    Job.objects.filter(pk=job.pk).update(payload={"seconds": 0.2})
+    start_client("--mode", "auto")
+    eventually(lambda: succeeded(job.pk), message="the requeued job to succeed elsewhere")
