@@ -144,3 +144,19 @@ def test_killed_client_is_swept_and_its_job_runs_elsewhere(start_client, start_p
     Job.objects.filter(pk=job.pk).update(payload={"seconds": 0.2})
     start_client("--mode", "auto")
     eventually(lambda: succeeded(job.pk), message="the requeued job to succeed elsewhere")
+
+
+def test_long_polling_client_gets_jobs_and_stops_promptly(start_client, server):
+    client = start_client("--mode", "auto", "--no-websocket", "--long-poll", "20")
+    worker_id = worker_id_of(client)
+    time.sleep(0.5)  # parked in a long-poll
+    job = enqueue("remote.echo", {"text": "woken"})
+    eventually(lambda: succeeded(job.pk), timeout=5, message="the long-poll to hand the job over")
+    started = time.monotonic()
+    client.signal(signal.SIGTERM)
+    assert client.wait() == 0, client.output()
+    assert time.monotonic() - started < 5
+    # It said goodbye and did not come back from its last long-poll.
+    assert not Worker.objects.exists(), list(Worker.objects.values("id", "name"))
+    assert "registering again" not in client.output()
+    assert worker_id not in Worker.objects.values_list("id", flat=True)

@@ -66,6 +66,11 @@ def test_events_progress_and_complete(api, server):
     job.refresh_from_db()
     assert (job.status, job.result, job.lease_token) == ("succeeded", {"ok": 1}, None)
     assert events_of(job.pk)[-2:] == ["echo.step", "job.succeeded"]
+    # A job without a result completes with null.
+    other = enqueue("remote.echo", {"text": "none"})
+    [held] = claim(api, worker["id"])
+    r = api.post(f"/jobs/{other.pk}/complete", json={"lease_token": held["lease_token"], "result": None})
+    assert r.status_code == 200 and Job.objects.get(pk=other.pk).result is None
 
 
 def test_engine_event_names_are_reserved(api, server):
