@@ -85,10 +85,18 @@ def bounded_reads(using: str = "default") -> Iterator[None]:
         yield
         return
     ms = int(knob("DASHBOARD_STATEMENT_TIMEOUT_MS"))
+    conn = connections[using]
+    nested = conn.in_atomic_block
     with transaction.atomic(using=using):
-        with connections[using].cursor() as cursor:
+        with conn.cursor() as cursor:
+            if nested:  # SET LOCAL would outlive our savepoint: remember the old value
+                cursor.execute("SHOW statement_timeout")
+                previous = cursor.fetchone()[0]
             cursor.execute(f"SET LOCAL statement_timeout = {ms}")
         yield
+        if nested:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
 
 
 def is_timeout(error: BaseException) -> bool:

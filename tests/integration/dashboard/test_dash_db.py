@@ -1,0 +1,88 @@
+"""Dashboard reads stay bounded: statement timeout, capped counts, estimates, index-friendly SQL."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from dashboard import db as dashdb
+from dashboard import selectors
+from jobs.models import Job
+from tests.integration.dashboard.helpers import queued
+
+
+@pytest.fixture
+def postgres(db) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL feature")
+
+
+postgres_only = pytest.mark.usefixtures("postgres")
+
+
+@postgres_only
+def test_statement_timeout_turns_a_slow_page_into_a_503(operator_client: Client, monkeypatch) -> None:
+    monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "50")
+    monkeypatch.setattr(selectors, "queue_names", _slow_queue_names)
+    response = operator_client.get("/dashboard/jobs/")
+    assert response.status_code == 503
+    assert b"took too long" in response.content
+    assert operator_client.get("/dashboard/workers/").status_code == 200  # the connection recovered
+
+
+def _slow_queue_names(limit: int = 1000) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(1)")
+    return []
+
+
+@postgres_only
+def test_bounded_reads_set_the_timeout_in_a_transaction(monkeypatch) -> None:
+    monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "1234")
+    with dashdb.bounded_reads():
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            assert cursor.fetchone()[0] == "1234ms"
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone()[0] != "1234ms"
+
+
+@postgres_only
+def test_unfiltered_list_uses_the_planner_estimate(monkeypatch) -> None:
+    monkeypatch.setenv("CONTROLPLANE_COUNT_CAP", "2")
+    for _ in range(4):
+        queued()
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+    total = selectors.job_count(selectors.JobFilters())
+    assert total.estimated and str(total).startswith("≈")
+
+
+def test_no_page_counts_the_whole_table(operator_client: Client) -> None:
+    for _ in range(3):
+        queued()
+    for path in ("/dashboard/", "/dashboard/jobs/", "/dashboard/queues/", "/dashboard/workers/"):
+        with CaptureQueriesContext(connection) as ctx:
+            assert operator_client.get(path).status_code == 200
+        for query in ctx.captured_queries:
+            sql = query["sql"].upper()
+            if "COUNT(" in sql and "JOBS_JOB" in sql and "FROM JOBS_JOB" in sql:
+                assert "LIMIT" in sql or "WHERE" in sql, sql
+            assert "SELECT DISTINCT" not in sql or "JOBS_JOB" not in sql, sql
+
+
+def test_capped_count(db) -> None:
+    for _ in range(3):
+        queued(queue="cc")
+    qs = Job.objects.filter(queue="cc")
+    assert str(dashdb.capped_count(qs, limit=2)) == "2+"
+    assert str(dashdb.capped_count(qs, limit=3)) == "3"
+
+
+def test_queue_names_skip_scan_finds_every_queue(db) -> None:
+    for name in ("a", "b", "c.batch"):
+        queued(queue=name)
+    assert {"a", "b", "c.batch"} <= set(selectors.queue_names())
