@@ -46,7 +46,9 @@ class ApiManager(Protocol):
 class ApiError(Exception):
     """The server refused a request; ``message`` and ``errors`` come from its one error shape."""
 
-    def __init__(self, status_code: int, message: str, errors: dict[str, list[str]] | None = None) -> None:
+    def __init__(
+        self, status_code: int, message: str, errors: dict[str, list[str]] | None = None
+    ) -> None:
         self.status_code = status_code
         self.message = message
         self.errors = errors or {}

@@ -93,7 +93,9 @@ class ClaimedJob:
         self._stop.set()
 
     # --- timeline -------------------------------------------------------------
-    def emit(self, event: str, message: str | None = None, level: str = "info", **fields: Any) -> int:
+    def emit(
+        self, event: str, message: str | None = None, level: str = "info", **fields: Any
+    ) -> int:
         """Append an event to this job's timeline; returns its ``seq``."""
         if self._manager is None:
             raise RuntimeError("This job is not attached to a JobManager.")

@@ -15,21 +15,20 @@ No job is missed either way: a push only shortens the wait.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 
 from controlplane_client.api import ApiError, ApiManager, LeaseLostError, WorkerGoneError
-from controlplane_client.jobs import ClaimedJob, Deferred
+from controlplane_client.jobs import ClaimedJob
 from controlplane_client.push import PushListener
+from controlplane_client.serving import AutoServe
 
 log = logging.getLogger("controlplane_client")
 
@@ -70,10 +69,8 @@ class JobManager:
         self._stop = threading.Event()  # threads stop
         self._stop_requested = threading.Event()  # wait() returns
         self._task_ready = threading.Event()
-        self._slot_freed = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._futures: set[concurrent.futures.Future[None]] = set()
+        self._serving: AutoServe | None = None
         self._push: PushListener | None = None
 
     # --- declarations ---------------------------------------------------------
@@ -106,10 +103,19 @@ class JobManager:
         return self.execute is not None or bool(self._handlers)
 
     # --- HTTP -------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None,
-                 worker_route: bool = False) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+        worker_route: bool = False,
+    ) -> Any:
         response = self.api.http.request(
-            method, self.api.base_url.rstrip("/") + path, json=body,
+            method,
+            self.api.base_url.rstrip("/") + path,
+            json=body,
             headers=self.api.get_headers(),
             timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
         )
@@ -135,14 +141,14 @@ class JobManager:
             self._register()
             self._start_thread(self._heartbeat_loop, "controlplane-heartbeat")
             if self.auto_serve:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    self.concurrency, thread_name_prefix="controlplane-job"
-                )
-                self._start_thread(self._claim_loop, "controlplane-claim")
+                self._serving = AutoServe(self)
+                self._serving.start()
             if self.websocket:
                 self._push = PushListener(
-                    self.api.base_url, lambda: (self.worker_id, self.api.get_headers()),
-                    self._task_ready.set, self._stop,
+                    self.api.base_url,
+                    lambda: (self.worker_id, self.api.get_headers()),
+                    self._task_ready.set,
+                    self._stop,
                 )
                 self._push.start()
             assert self.worker_id is not None
@@ -150,8 +156,11 @@ class JobManager:
 
     def _register(self) -> None:
         body: dict[str, Any] = {
-            "name": self.name, "operations": list(self._declarations.values()),
-            "concurrency": self.concurrency, "hostname": socket.gethostname(), "pid": os.getpid(),
+            "name": self.name,
+            "operations": list(self._declarations.values()),
+            "concurrency": self.concurrency,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
         }
         if self.queues:
             body["queues"] = self.queues
@@ -168,7 +177,8 @@ class JobManager:
     def push_connected(self) -> bool:
         return self._push is not None and self._push.connected.is_set()
 
-    def _interval(self) -> float:
+    def interval(self) -> float:
+        """Seconds between polls when a claim came back empty."""
         return float(self.polling_interval or self.info.get("poll_interval") or 2.0)
 
     # --- heartbeat ------------------------------------------------------------------
@@ -178,17 +188,20 @@ class JobManager:
             worker_id = self.worker_id
             held = [{"id": j.id, "lease_token": j.lease_token} for j in self._held.values()]
         try:
-            reply = self._request("PATCH", f"/workers/{worker_id}", {"held": held}, worker_route=True)
+            reply = self._request(
+                "PATCH", f"/workers/{worker_id}", {"held": held}, worker_route=True
+            )
         except WorkerGoneError:
             self._register_again(worker_id)
             return self.info
         cancelled = set(reply.get("cancelled", []))
         for job_id in reply.get("lost", []):
-            self._forget(job_id, "cancelled" if job_id in cancelled else "lost")
+            self.forget(job_id, "cancelled" if job_id in cancelled else "lost")
         return reply
 
     def _register_again(self, gone_id: str | None) -> None:
-        """The server forgot ``gone_id`` (swept after missed heartbeats): drop its jobs, register anew."""
+        """The server forgot ``gone_id`` (swept after missed heartbeats): drop its jobs,
+        register anew."""
         with self._lock:
             if self._stop.is_set() or self.worker_id != gone_id:
                 return  # stopping, or another thread already registered again
@@ -203,7 +216,7 @@ class JobManager:
             except Exception as error:  # noqa: BLE001 - keep beating; the server sweeps if we can't
                 log.warning("heartbeat failed: %s", error)
 
-    def _forget(self, job_id: str, reason: str | None) -> None:
+    def forget(self, job_id: str, reason: str | None) -> None:
         """Stop tracking a job; with a ``reason`` it was lost, and its code is told to stop."""
         with self._lock:
             job = self._held.pop(job_id, None)
@@ -218,7 +231,7 @@ class JobManager:
 
     # --- claiming ---------------------------------------------------------------------
     def claim(self, limit: int = 1, wait: float = 0.0) -> list[ClaimedJob]:
-        """POST /workers/<id>/claim: up to ``limit`` started jobs, waiting up to ``wait`` s for one."""
+        """POST /workers/<id>/claim: up to ``limit`` started jobs, waiting ``wait`` s for one."""
         worker_id = self.worker_id
         if worker_id is None:
             if self._stop.is_set():
@@ -226,8 +239,13 @@ class JobManager:
             worker_id = self.connect()
         body = {"limit": int(limit), "wait": float(wait)}
         try:
-            reply = self._request("POST", f"/workers/{worker_id}/claim", body,
-                                  timeout=float(wait) + 30.0, worker_route=True)
+            reply = self._request(
+                "POST",
+                f"/workers/{worker_id}/claim",
+                body,
+                timeout=float(wait) + 30.0,
+                worker_route=True,
+            )
         except WorkerGoneError:
             self._register_again(worker_id)
             return []
@@ -236,7 +254,8 @@ class JobManager:
             self._held.update({job.id: job for job in jobs})
         return jobs
 
-    def _claim_wait(self) -> float:
+    def claim_wait(self) -> float:
+        """How long a claim may wait server-side: 0 while pushes arrive, else the long-poll."""
         return 0.0 if self.push_connected or self.long_poll <= 0 else self.long_poll
 
     def listen(self, polling_interval: float | None = None) -> Iterator[ClaimedJob]:
@@ -244,87 +263,16 @@ class JobManager:
         self.connect()
         while not self._stop.is_set():
             self._task_ready.clear()
-            wait = self._claim_wait()
+            wait = self.claim_wait()
             try:
                 jobs = self.claim(1, wait)
             except (httpx.HTTPError, ApiError) as error:
                 log.warning("claim failed: %s", error)
-                self._stop.wait(polling_interval or self._interval())
+                self._stop.wait(polling_interval or self.interval())
                 continue
             yield from jobs
             if not jobs and wait == 0:
-                self._task_ready.wait(polling_interval or self._interval())
-
-    def _claim_loop(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            with self._lock:
-                free = self.concurrency - len(self._futures)
-            if free <= 0:
-                self._slot_freed.wait(0.5)
-                self._slot_freed.clear()
-                continue
-            self._task_ready.clear()
-            wait = self._claim_wait()
-            started = time.monotonic()
-            try:
-                jobs = self.claim(free, wait)
-                failures = 0
-            except (httpx.HTTPError, ApiError) as error:
-                failures += 1
-                log.warning("claim failed: %s", error)
-                self._stop.wait(min(30.0, self._interval() * 2 ** min(failures, 5)))
-                continue
-            if self._stop.is_set():
-                break  # disconnect() is requeueing what we hold, these included
-            for job in jobs:
-                self._submit(job)
-            if not jobs and (wait == 0 or time.monotonic() - started < wait / 2):
-                self._task_ready.wait(self._interval())
-
-    # --- running (auto-serve) -------------------------------------------------------------
-    def _submit(self, job: ClaimedJob) -> None:
-        assert self._pool is not None
-        future = self._pool.submit(self._run, job)
-        with self._lock:
-            self._futures.add(future)
-
-        def done(f: concurrent.futures.Future[None]) -> None:
-            with self._lock:
-                self._futures.discard(f)
-            self._slot_freed.set()
-
-        future.add_done_callback(done)
-
-    def _dispatch(self, job: ClaimedJob) -> Any:
-        if self.execute is not None:
-            return self.execute(job)
-        handler = self._handlers.get(job.operation)
-        if handler is None:
-            raise LookupError(f"This worker has no handler for operation {job.operation!r}.")
-        return handler(job)
-
-    def _run(self, job: ClaimedJob) -> None:
-        try:
-            outcome = self._dispatch(job)
-        except LeaseLostError as error:
-            log.info("job %s stopped: %s", job.id, error.message)
-            self._forget(job.id, "lost")
-        except Exception as error:  # noqa: BLE001 - the operation's failure is the job's
-            try:
-                self.fail(job, error)
-            except Exception as report_error:  # noqa: BLE001
-                log.error("job %s: the failure could not be reported: %s", job.id, report_error)
-                self._forget(job.id, "lost")
-        else:
-            try:
-                if isinstance(outcome, Deferred):
-                    self.complete(job, outcome.result, deferred=True)
-                else:
-                    self.complete(job, outcome)
-            except Exception as error:  # noqa: BLE001 - the lease expires and the job is requeued
-                log.error("job %s: the result could not be reported: %s", job.id, error)
-                self._forget(job.id, "lost")
+                self._task_ready.wait(polling_interval or self.interval())
 
     # --- reports on a held job --------------------------------------------------------------
     def start(self, job: ClaimedJob) -> None:
@@ -332,29 +280,44 @@ class JobManager:
         ``job.client_started`` event, as the seed's explicit start step. Optional."""
         self.emit(job, "job.client_started", None, worker=self.worker_id)
 
-    def emit(self, job: ClaimedJob, event: str, message: str | None = None, *,
-             level: str = "info", **fields: Any) -> int:
+    def emit(
+        self,
+        job: ClaimedJob,
+        event: str,
+        message: str | None = None,
+        *,
+        level: str = "info",
+        **fields: Any,
+    ) -> int:
         """POST /jobs/<id>/events; raises ``LeaseLostError``/``JobCancelledError`` once lost."""
-        body = {"lease_token": job.lease_token, "event": event, "message": message or "",
-                "level": level, "fields": fields}
+        body = {
+            "lease_token": job.lease_token,
+            "event": event,
+            "message": message or "",
+            "level": level,
+            "fields": fields,
+        }
         try:
             return int(self._request("POST", f"/jobs/{job.id}/events", body)["seq"])
         except LeaseLostError as error:
-            self._forget(job.id, "cancelled" if error.job_status == "cancelled" else "lost")
+            self.forget(job.id, "cancelled" if error.job_status == "cancelled" else "lost")
             raise
 
     def _report(self, job: ClaimedJob, action: str, body: dict[str, Any]) -> str | None:
         try:
-            reply = self._request("POST", f"/jobs/{job.id}/{action}",
-                                  {"lease_token": job.lease_token, **body})
+            reply = self._request(
+                "POST", f"/jobs/{job.id}/{action}", {"lease_token": job.lease_token, **body}
+            )
         except LeaseLostError as error:
             log.warning("job %s: %s not recorded: %s", job.id, action, error.message)
-            self._forget(job.id, "cancelled" if error.job_status == "cancelled" else "lost")
+            self.forget(job.id, "cancelled" if error.job_status == "cancelled" else "lost")
             return None
-        self._forget(job.id, None)
+        self.forget(job.id, None)
         return str(reply.get("status"))
 
-    def complete(self, job: ClaimedJob, result: Any = None, *, deferred: bool = False) -> str | None:
+    def complete(
+        self, job: ClaimedJob, result: Any = None, *, deferred: bool = False
+    ) -> str | None:
         """Report success (or, ``deferred``, leave it running for its batches).
 
         Returns the job's new status, or None when this worker no longer held it
@@ -362,16 +325,26 @@ class JobManager:
         """
         return self._report(job, "complete", {"result": result, "deferred": deferred})
 
-    def fail(self, job: ClaimedJob, error: BaseException | str, *, error_code: str | None = None,
-             retryable: bool | None = None) -> str | None:
+    def fail(
+        self,
+        job: ClaimedJob,
+        error: BaseException | str,
+        *,
+        error_code: str | None = None,
+        retryable: bool | None = None,
+    ) -> str | None:
         """Report a failure; ``retryable`` (default: the exception's ``retryable`` attribute)
         requeues it with backoff while attempts remain. Returns the new status or None (lost)."""
-        code = error_code or getattr(error, "error_code", None) or (
-            type(error).__name__ if isinstance(error, BaseException) else "RemoteError")
+        code = (
+            error_code
+            or getattr(error, "error_code", None)
+            or (type(error).__name__ if isinstance(error, BaseException) else "RemoteError")
+        )
         if retryable is None:
             retryable = bool(getattr(error, "retryable", False))
-        return self._report(job, "fail", {"error_code": code, "error_message": str(error),
-                                          "retryable": retryable})
+        return self._report(
+            job, "fail", {"error_code": code, "error_message": str(error), "retryable": retryable}
+        )
 
     # --- stopping ------------------------------------------------------------------------------
     def wait(self) -> None:
@@ -400,11 +373,8 @@ class JobManager:
             return
         self._stop.set()
         self._task_ready.set()
-        if self._pool is not None:
-            with self._lock:
-                running = list(self._futures)
-            concurrent.futures.wait(running, timeout=self.shutdown_grace if grace is None else grace)
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._serving is not None:
+            self._serving.drain(self.shutdown_grace if grace is None else grace)
         for thread in self._threads:
             thread.join(timeout=0.5)
         if self._push is not None:
@@ -417,7 +387,7 @@ class JobManager:
             log.warning("disconnect failed (the server will sweep this worker): %s", error)
         self._drop_all("worker disconnected")
         log.info("worker %s disconnected", self.worker_id)
-        self.worker_id, self._threads, self._pool, self._push = None, [], None, None
+        self.worker_id, self._threads, self._serving, self._push = None, [], None, None
         self._stop_requested.set()
 
     def __enter__(self) -> JobManager:

@@ -84,8 +84,12 @@ class PushListener:
         assert ws_connect is not None
         url = websocket_url(self.base_url, worker_id)
         with ws_connect(
-            url, additional_headers=headers, origin=self.origin, proxy=None,  # type: ignore[arg-type]
-            open_timeout=5, close_timeout=1,
+            url,
+            additional_headers=headers,
+            origin=self.origin,
+            proxy=None,  # type: ignore[arg-type]
+            open_timeout=5,
+            close_timeout=1,
         ) as ws:
             self.connected.set()
             self.on_available()  # anything enqueued while we were away

@@ -63,7 +63,9 @@ class WorkerConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         self.queues = []
-        worker = await _authorised_worker(self.scope, self.scope["url_route"]["kwargs"]["worker_id"])
+        worker = await _authorised_worker(
+            self.scope, self.scope["url_route"]["kwargs"]["worker_id"]
+        )
         if worker is None:
             await self.close()  # before accept: the handshake is refused (403)
             return

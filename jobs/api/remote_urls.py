@@ -9,7 +9,15 @@ from django.urls import re_path
 from jobs.api import remote_views
 
 urlpatterns = [
-    re_path(r"^workers/(?P<worker_id>[^/]+)/claim/?$", remote_views.ClaimView.as_view(), name="worker-claim"),
-    re_path(r"^jobs/(?P<job_id>[^/]+)/complete/?$", remote_views.CompleteView.as_view(), name="job-complete"),
+    re_path(
+        r"^workers/(?P<worker_id>[^/]+)/claim/?$",
+        remote_views.ClaimView.as_view(),
+        name="worker-claim",
+    ),
+    re_path(
+        r"^jobs/(?P<job_id>[^/]+)/complete/?$",
+        remote_views.CompleteView.as_view(),
+        name="job-complete",
+    ),
     re_path(r"^jobs/(?P<job_id>[^/]+)/fail/?$", remote_views.FailView.as_view(), name="job-fail"),
 ]

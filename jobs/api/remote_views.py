@@ -90,6 +90,7 @@ def _job_id(value: Any) -> uuid.UUID:
 
 # --- bodies -------------------------------------------------------------------------
 
+
 class RegisterBody(serializers.Serializer):
     name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
     queues = serializers.ListField(child=serializers.CharField(max_length=200), required=False)
@@ -136,6 +137,7 @@ class FailBody(serializers.Serializer):
 
 # --- renderings -----------------------------------------------------------------------
 
+
 def worker_json(worker: Worker) -> dict[str, Any]:
     return {
         "id": str(worker.pk),
@@ -175,6 +177,7 @@ def claimed_json(job: ClaimedJob) -> dict[str, Any]:
 
 # --- handlers delegated by the general views --------------------------------------------
 
+
 @remote_endpoint
 def register_worker(request: Request) -> Response:  # POST /workers
     body = _body(request, RegisterBody)
@@ -189,12 +192,14 @@ def heartbeat_worker(request: Request, worker_id: Any) -> Response:  # PATCH /wo
     pairs = [(h["id"], h["lease_token"]) for h in held] if held is not None else None
     result = remote.heartbeat(worker_id=worker_id, user=request.user, held=pairs)
     worker = remote.get_remote_worker(worker_id, user=request.user)
-    return Response({
-        **worker_json(worker),
-        "held": [str(i) for i in result.held],
-        "lost": [str(i) for i in result.lost],
-        "cancelled": [str(i) for i in result.cancelled],
-    })
+    return Response(
+        {
+            **worker_json(worker),
+            "held": [str(i) for i in result.held],
+            "lost": [str(i) for i in result.lost],
+            "cancelled": [str(i) for i in result.cancelled],
+        }
+    )
 
 
 @remote_endpoint
@@ -211,6 +216,7 @@ def post_event(request: Request, job_id: Any) -> Response:  # POST /jobs/<id>/ev
 
 
 # --- routes only remote workers use --------------------------------------------------------
+
 
 class RemoteView(APIView):
     permission_classes = [CanRunRemoteJobs]

@@ -29,15 +29,28 @@ MAX_WAIT_SECONDS = 30.0
 MAX_CLAIM_LIMIT = 100
 
 # Names only the engine writes: a remote worker may not forge its transitions.
-RESERVED_EVENTS = frozenset({
-    "job.enqueued", "job.started", "job.succeeded", "job.failed", "job.cancelled",
-    "job.retry_later", "job.retry_scheduled", "job.deferred", "job.requeued",
-    "job.lease_expired_requeue", "job.lease_expired", "job.timeout", "job.retried",
-})
+RESERVED_EVENTS = frozenset(
+    {
+        "job.enqueued",
+        "job.started",
+        "job.succeeded",
+        "job.failed",
+        "job.cancelled",
+        "job.retry_later",
+        "job.retry_scheduled",
+        "job.deferred",
+        "job.requeued",
+        "job.lease_expired_requeue",
+        "job.lease_expired",
+        "job.timeout",
+        "job.retried",
+    }
+)
 LEVELS = ("info", "warning", "error")
 
 
 # --- claim ----------------------------------------------------------------------
+
 
 def _open_job_queues(worker: Worker) -> tuple[list[str], dict[str, int]]:
     """The worker's queues that are job queues and not paused, and the caps among them."""
@@ -62,21 +75,34 @@ def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
         return []
     # A cheap read first: an empty poll must not take SQLite's write lock.
     if not Job.objects.filter(
-        status=Status.QUEUED, queue__in=queues, operation__in=worker.operations,
+        status=Status.QUEUED,
+        queue__in=queues,
+        operation__in=worker.operations,
         run_after__lte=timezone.now(),
     ).exists():
         return []
     lease = float(knob("LEASE_SECONDS"))
-    claimed = claim_jobs(
-        queues=uncapped, worker_id=worker.pk, limit=limit, lease_seconds=lease,
-        operations=worker.operations,
-    ) if uncapped else []
+    claimed = (
+        claim_jobs(
+            queues=uncapped,
+            worker_id=worker.pk,
+            limit=limit,
+            lease_seconds=lease,
+            operations=worker.operations,
+        )
+        if uncapped
+        else []
+    )
     for queue, cap in capped.items():
         if len(claimed) >= limit:
             break
         claimed += claim_jobs(
-            queues=[queue], worker_id=worker.pk, limit=limit - len(claimed),
-            lease_seconds=lease, operations=worker.operations, cap=cap,
+            queues=[queue],
+            worker_id=worker.pk,
+            limit=limit - len(claimed),
+            lease_seconds=lease,
+            operations=worker.operations,
+            cap=cap,
         )
     return claimed
 
@@ -114,7 +140,9 @@ def _runnable(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
     for job in jobs:
         if job.expired:
             fail_job(
-                job.id, lease_token=job.lease_token, error_code="JobExpired",
+                job.id,
+                lease_token=job.lease_token,
+                error_code="JobExpired",
                 error_message="The job expired before a worker could run it.",
             )
         elif job.parent_id and Job.objects.filter(pk=job.parent_id, status=CANCELLED).exists():
@@ -125,6 +153,7 @@ def _runnable(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
 
 
 # --- reports on a held job ----------------------------------------------------------
+
 
 def _token(value: Any) -> uuid.UUID:
     try:
@@ -153,7 +182,9 @@ def post_event(
     if not isinstance(event, str) or not event.strip() or len(event) > 200:
         errors["event"] = ["The event name must be a non-empty string of at most 200 characters."]
     elif event in RESERVED_EVENTS:
-        errors["event"] = [f"{event!r} is written by the control plane itself; choose another name."]
+        errors["event"] = [
+            f"{event!r} is written by the control plane itself; choose another name."
+        ]
     if level not in LEVELS:
         errors["level"] = [f"The level must be one of {', '.join(LEVELS)}."]
     if fields is not None and not isinstance(fields, dict):
@@ -163,9 +194,15 @@ def post_event(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             errors[f"fields.{key}"] = [f"{key} must be a whole number."]
     if errors:
-        raise RemoteRequestError("The event was not written: fix the fields named in 'errors'.", errors)
+        raise RemoteRequestError(
+            "The event was not written: fix the fields named in 'errors'.", errors
+        )
     return emit_event(
-        job_id, event=event, message=message or "", level=level, fields=fields or {},
+        job_id,
+        event=event,
+        message=message or "",
+        level=level,
+        fields=fields or {},
         lease_token=_token(lease_token),
     )
 
@@ -173,7 +210,7 @@ def post_event(
 def complete(
     *, job_id: uuid.UUID, lease_token: Any, result: Any = None, deferred: bool = False
 ) -> Status:
-    """running -> succeeded; or, ``deferred``, stay running without a lease until batches close it."""
+    """running -> succeeded; or, ``deferred``, stay running leaseless until batches close it."""
     token = _token(lease_token)
     if deferred:
         defer_job(job_id, lease_token=token, result=result)
@@ -199,11 +236,14 @@ def fail(
     error_message: str,
     retryable: bool = False,
 ) -> Status:
-    """A failed run: back to queued with backoff while attempts remain (if retryable), else failed."""
+    """A failed run: queued with backoff while attempts remain (if retryable), else failed."""
     token = _token(lease_token)
     attempt = Job.objects.filter(pk=job_id).values_list("attempts", flat=True).first() or 1
     return fail_job(
-        job_id, lease_token=token, error_code=(error_code or "RemoteError")[:200],
-        error_message=error_message or "", retryable=bool(retryable),
+        job_id,
+        lease_token=token,
+        error_code=(error_code or "RemoteError")[:200],
+        error_message=error_message or "",
+        retryable=bool(retryable),
         backoff_seconds=retry_backoff(attempt) if retryable else None,
     )

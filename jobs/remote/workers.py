@@ -64,6 +64,7 @@ def get_remote_worker(worker_id: uuid.UUID | str, *, user: Any) -> Worker:
 
 # --- register -----------------------------------------------------------------
 
+
 def parse_declarations(entries: Sequence[Any]) -> list[Declaration]:
     """Normalise ``operations`` (plain names or objects) and check each one.
 
@@ -84,22 +85,31 @@ def parse_declarations(entries: Sequence[Any]) -> list[Declaration]:
         elif isinstance(entry, dict):
             declared = any(k in entry for k in ("queue", "payload_schema", "max_attempts"))
         else:
-            errors[where] = ["Each operation is a name or an object {name, queue?, payload_schema?, max_attempts?}."]
+            errors[where] = [
+                "Each operation is a name or an object "
+                "{name, queue?, payload_schema?, max_attempts?}."
+            ]
             continue
         problems = _check_entry(entry, declared)
         for field, messages in problems.items():
             errors[f"{where}.{field}"] = messages
         if not problems:
-            out.append(Declaration(
-                name=entry["name"], queue=entry.get("queue"),
-                payload_schema=entry.get("payload_schema"),
-                max_attempts=entry.get("max_attempts"), declared=declared,
-            ))
+            out.append(
+                Declaration(
+                    name=entry["name"],
+                    queue=entry.get("queue"),
+                    payload_schema=entry.get("payload_schema"),
+                    max_attempts=entry.get("max_attempts"),
+                    declared=declared,
+                )
+            )
     names = [d.name for d in out]
     if len(set(names)) != len(names):
         errors["operations"] = ["Each operation may be named only once."]
     if errors:
-        raise RemoteRequestError("The worker was not registered: fix the fields named in 'errors'.", errors)
+        raise RemoteRequestError(
+            "The worker was not registered: fix the fields named in 'errors'.", errors
+        )
     return out
 
 
@@ -107,22 +117,34 @@ def _check_entry(entry: dict[str, Any], declared: bool) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        return {"name": ["The operation name must be a non-empty string of at most 200 characters."]}
+        return {
+            "name": ["The operation name must be a non-empty string of at most 200 characters."]
+        }
     if declared and name in registry:
-        errors["name"] = [f"{name!r} is a built-in operation; list it by name, without a definition."]
-    if not declared and name not in registry and not RemoteOperation.objects.filter(name=name).exists():
         errors["name"] = [
-            f"Unknown operation {name!r}; declare it as an object with its queue and payload_schema."
+            f"{name!r} is a built-in operation; list it by name, without a definition."
+        ]
+    if (
+        not declared
+        and name not in registry
+        and not RemoteOperation.objects.filter(name=name).exists()
+    ):
+        errors["name"] = [
+            f"Unknown operation {name!r}; declare it as an object "
+            "with its queue and payload_schema."
         ]
     queue = entry.get("queue")
     if queue is not None and (not isinstance(queue, str) or not queue.strip() or len(queue) > 200):
         errors["queue"] = ["The queue must be a non-empty string of at most 200 characters."]
     attempts = entry.get("max_attempts")
     if attempts is not None and (
-        isinstance(attempts, bool) or not isinstance(attempts, int)
+        isinstance(attempts, bool)
+        or not isinstance(attempts, int)
         or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT
     ):
-        errors["max_attempts"] = [f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS_LIMIT}."]
+        errors["max_attempts"] = [
+            f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS_LIMIT}."
+        ]
     schema = entry.get("payload_schema")
     if schema is not None:
         if not isinstance(schema, dict):
@@ -131,7 +153,9 @@ def _check_entry(entry: dict[str, Any], declared: bool) -> dict[str, list[str]]:
             try:
                 jsonschema.Draft202012Validator.check_schema(schema)
             except jsonschema.SchemaError as error:
-                errors["payload_schema"] = [f"The payload schema is not valid JSON Schema: {error.message}"]
+                errors["payload_schema"] = [
+                    f"The payload schema is not valid JSON Schema: {error.message}"
+                ]
     return errors
 
 
@@ -140,7 +164,11 @@ def _queue_of(declaration: Declaration) -> str:
         return registry.get(declaration.name).queue
     if declaration.queue:
         return declaration.queue
-    row = RemoteOperation.objects.filter(name=declaration.name).values_list("queue", flat=True).first()
+    row = (
+        RemoteOperation.objects.filter(name=declaration.name)
+        .values_list("queue", flat=True)
+        .first()
+    )
     return row or "default"
 
 
@@ -168,7 +196,11 @@ def register_worker(
             "The worker was not registered: fix the fields named in 'errors'.",
             {"queues": ["Give a list of non-empty queue names."]},
         )
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
         raise RemoteRequestError(
             "The worker was not registered: fix the fields named in 'errors'.",
             {"concurrency": [f"concurrency must be a whole number from 1 to {MAX_CONCURRENCY}."]},
@@ -190,13 +222,21 @@ def register_worker(
                 )
         served = list(dict.fromkeys(queues or [_queue_of(d) for d in declarations]))
         return Worker.objects.create(
-            name=(name or "")[:200], kind=WorkerKind.REMOTE, hostname=(hostname or "")[:255],
-            pid=pid, queues=served, operations=names, concurrency=concurrency,
-            started_at=now, last_heartbeat=now, user=user,
+            name=(name or "")[:200],
+            kind=WorkerKind.REMOTE,
+            hostname=(hostname or "")[:255],
+            pid=pid,
+            queues=served,
+            operations=names,
+            concurrency=concurrency,
+            started_at=now,
+            last_heartbeat=now,
+            user=user,
         )
 
 
 # --- heartbeat ----------------------------------------------------------------
+
 
 def held_jobs(worker_id: uuid.UUID) -> list[tuple[uuid.UUID, uuid.UUID]]:
     """(job id, lease token) of the jobs the worker holds a lease on (deferred ones hold none)."""
@@ -224,14 +264,19 @@ def heartbeat(
     lost = extend_leases(
         worker_id=worker.pk, held=pairs, lease_seconds=float(knob("LEASE_SECONDS"))
     )
-    cancelled = set(
-        Job.objects.filter(pk__in=lost, status=CANCELLED).values_list("pk", flat=True)
-    ) if lost else set()
+    cancelled = (
+        set(Job.objects.filter(pk__in=lost, status=CANCELLED).values_list("pk", flat=True))
+        if lost
+        else set()
+    )
     kept = [job_id for job_id, _ in pairs if job_id not in lost]
-    return HeartbeatResult(held=kept, lost=sorted(lost, key=str), cancelled=sorted(cancelled, key=str))
+    return HeartbeatResult(
+        held=kept, lost=sorted(lost, key=str), cancelled=sorted(cancelled, key=str)
+    )
 
 
 # --- disconnect and the orphan sweep ---------------------------------------------
+
 
 def disconnect_worker(*, worker_id: uuid.UUID | str, user: Any) -> list[uuid.UUID]:
     """Graceful goodbye: requeue what the worker holds (attempt not counted), remove it.
@@ -273,7 +318,9 @@ def soft_delete_orphan_operations() -> int:
         if not candidates:
             return 0
         provided: set[str] = set()
-        for ops in Worker.objects.filter(kind=WorkerKind.REMOTE).values_list("operations", flat=True):
+        for ops in Worker.objects.filter(kind=WorkerKind.REMOTE).values_list(
+            "operations", flat=True
+        ):
             provided.update(ops or [])
         pending = set(
             Job.objects.filter(status__in=list(ACTIVE), operation__in=candidates)

@@ -75,8 +75,12 @@ def main() -> int:
 
     api = TokenApi(args.url, token=lambda: args.token)  # a callable: refreshed on every request
     manager = JobManager(
-        api, name="test-client", concurrency=args.concurrency, websocket=not args.no_websocket,
-        long_poll=args.long_poll, polling_interval=args.polling_interval,
+        api,
+        name="test-client",
+        concurrency=args.concurrency,
+        websocket=not args.no_websocket,
+        long_poll=args.long_poll,
+        polling_interval=args.polling_interval,
         shutdown_grace=args.grace,
     )
     with manager:

@@ -51,8 +51,12 @@ def token(make_token) -> str:
 @pytest.fixture
 def api(server: Server, token: str) -> Iterator[httpx.Client]:
     """An HTTP client of the server, authenticated as a remote-worker user."""
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Token {token}"},
-                      timeout=40, trust_env=False) as client:
+    with httpx.Client(
+        base_url=server.url,
+        headers={"Authorization": f"Token {token}"},
+        timeout=40,
+        trust_env=False,
+    ) as client:
         yield client
 
 
@@ -62,12 +66,25 @@ def start_client(server: Server, token: str, tmp_path) -> Iterator[Callable[...,
     started: list[Proc] = []
 
     def start(*args: str, url: str | None = None, auth: str | None = None) -> Proc:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "DATABASE", "CONTROLPLANE"))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("DJANGO", "DATABASE", "CONTROLPLANE"))
+        }
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = str(ROOT)
         proc = Proc(
-            [sys.executable, str(CLIENT_APP), "--url", url or server.url, "--token", auth or token, *args],
-            env, tmp_path / f"client-{len(started)}.log",
+            [
+                sys.executable,
+                str(CLIENT_APP),
+                "--url",
+                url or server.url,
+                "--token",
+                auth or token,
+                *args,
+            ],
+            env,
+            tmp_path / f"client-{len(started)}.log",
         )
         started.append(proc)
         return proc

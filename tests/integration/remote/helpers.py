@@ -27,15 +27,20 @@ class Proc:
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.log_path = log
         self._log = open(log, "wb")
-        self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.popen = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
 
     def output(self) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def wait_output(self, text: str, timeout: float = 20.0) -> str:
-        wait_for(lambda: text in self.output() or self.popen.poll() is not None, timeout=timeout,
-                 message=f"{text!r} in the output of {self.popen.args}")
+        wait_for(
+            lambda: text in self.output() or self.popen.poll() is not None,
+            timeout=timeout,
+            message=f"{text!r} in the output of {self.popen.args}",
+        )
         out = self.output()
         assert text in out, f"process exited ({self.popen.returncode}) before {text!r}:\n{out}"
         return out
@@ -78,8 +83,18 @@ class Server:
 def start_server(log_dir: Path, extra_env: dict[str, str] | None = None) -> Server:
     port = free_port()
     proc = Proc(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
-        server_env(extra_env), log_dir / f"daphne-{port}.log",
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "controlplane.asgi:application",
+        ],
+        server_env(extra_env),
+        log_dir / f"daphne-{port}.log",
     )
     url = f"http://127.0.0.1:{port}"
 
@@ -95,7 +110,9 @@ def start_server(log_dir: Path, extra_env: dict[str, str] | None = None) -> Serv
     return Server(url, proc)
 
 
-def register(api: httpx.Client, operations: list[Any] | None = None, **extra: Any) -> dict[str, Any]:
+def register(
+    api: httpx.Client, operations: list[Any] | None = None, **extra: Any
+) -> dict[str, Any]:
     """POST /workers for a worker of the test operations; returns the 201 body."""
     body = {"name": "t", "operations": operations or [ECHO], **extra}
     response = api.post("/workers", json=body)
@@ -124,10 +141,14 @@ def job_status(job_id: Any) -> str:
 def events_of(job_id: Any) -> list[str]:
     from jobs.models import JobEvent
 
-    return list(JobEvent.objects.filter(job_id=job_id).order_by("seq").values_list("event", flat=True))
+    return list(
+        JobEvent.objects.filter(job_id=job_id).order_by("seq").values_list("event", flat=True)
+    )
 
 
-def eventually(predicate: Callable[[], object], timeout: float = 15.0, message: str = "condition") -> Any:
+def eventually(
+    predicate: Callable[[], object], timeout: float = 15.0, message: str = "condition"
+) -> Any:
     return wait_for(predicate, timeout=timeout, interval=0.05, message=message)
 
 

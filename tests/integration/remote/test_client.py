@@ -58,15 +58,21 @@ def test_deferred_result_and_cancellation_reach_the_client(start_client, server)
     client = start_client("--mode", "auto")
     worker_id_of(client)
     coordinator = enqueue("remote.deferred", {})
-    eventually(lambda: JobEvent.objects.filter(job=coordinator, event="job.deferred").exists(),
-               message="the deferred result")
+    eventually(
+        lambda: JobEvent.objects.filter(job=coordinator, event="job.deferred").exists(),
+        message="the deferred result",
+    )
     coordinator.refresh_from_db()
     assert (coordinator.status, coordinator.result, coordinator.lease_token) == (
-        "running", {"partial": True}, None)
+        "running",
+        {"partial": True},
+        None,
+    )
     slow = enqueue("remote.slow", {"seconds": 30})
     eventually(lambda: Job.objects.get(pk=slow.pk).progress_current >= 2, message="slow progress")
     cancel_job(slow.pk, reason="operator")
-    # The client hears of it (a refused emit or the heartbeat) and stops early; nothing overwrites it.
+    # The client hears of it (a refused emit or the heartbeat) and stops early;
+    # nothing overwrites the cancellation.
     client.wait_output(f"job {slow.pk}")
     time.sleep(0.5)
     assert job_status(slow.pk) == "cancelled"
@@ -85,15 +91,20 @@ def test_manual_mode_claims_listens_and_reports(start_client, server):
         job.refresh_from_db()
         assert job.status == "succeeded" and job.result["echo"] == job.payload["text"]
         assert events_of(job.pk) == [
-            "job.enqueued", "job.started", "job.client_started", "job.progress", "job.succeeded",
+            "job.enqueued",
+            "job.started",
+            "job.client_started",
+            "job.progress",
+            "job.succeeded",
         ]
         assert f"DONE {job.pk} succeeded" in client.output()
     assert not Worker.objects.filter(pk=worker_id).exists()
 
 
 def test_push_less_client_gets_every_job_by_polling(start_client, server):
-    client = start_client("--mode", "auto", "--no-websocket", "--long-poll", "0",
-                          "--polling-interval", "0.2")
+    client = start_client(
+        "--mode", "auto", "--no-websocket", "--long-poll", "0", "--polling-interval", "0.2"
+    )
     worker_id_of(client)
     jobs = []
     for i in range(6):
@@ -135,8 +146,11 @@ def test_killed_client_is_swept_and_its_job_runs_elsewhere(start_client, start_p
     client.signal(signal.SIGKILL)
     client.wait()
     reaper = start_process("reaper", "--interval", "0.3")
-    eventually(lambda: not Worker.objects.filter(pk=worker_id).exists(), timeout=20,
-               message="the reaper to sweep the silent worker")
+    eventually(
+        lambda: not Worker.objects.filter(pk=worker_id).exists(),
+        timeout=20,
+        message="the reaper to sweep the silent worker",
+    )
     eventually(lambda: job_status(job.pk) == "queued", message="the job to be requeued")
     assert "job.lease_expired_requeue" in events_of(job.pk)
     reaper.signal(signal.SIGTERM)

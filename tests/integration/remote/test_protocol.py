@@ -14,7 +14,7 @@ from jobs.exceptions import EnqueueError
 from jobs.models import Job, RemoteOperation, Worker
 from jobs.transitions import cancel_job
 
-from .helpers import ECHO, eventually, events_of, job_status, register
+from .helpers import ECHO, events_of, eventually, job_status, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,10 +55,15 @@ def test_events_progress_and_complete(api, server):
     job = enqueue("remote.echo", {"text": "hi"})
     [held] = claim(api, worker["id"])
     token = held["lease_token"]
-    r = api.post(f"/jobs/{job.pk}/events/", json={
-        "lease_token": token, "event": "echo.step", "message": "half way",
-        "fields": {"_progress_current": 1, "_progress_total": 2},
-    })
+    r = api.post(
+        f"/jobs/{job.pk}/events/",
+        json={
+            "lease_token": token,
+            "event": "echo.step",
+            "message": "half way",
+            "fields": {"_progress_current": 1, "_progress_total": 2},
+        },
+    )
     assert r.status_code == 201, r.text
     assert Job.objects.values_list("progress_current", "progress_total").get(pk=job.pk) == (1, 2)
     r = api.post(f"/jobs/{job.pk}/complete", json={"lease_token": token, "result": {"ok": 1}})
@@ -69,7 +74,9 @@ def test_events_progress_and_complete(api, server):
     # A job without a result completes with null.
     other = enqueue("remote.echo", {"text": "none"})
     [held] = claim(api, worker["id"])
-    r = api.post(f"/jobs/{other.pk}/complete", json={"lease_token": held["lease_token"], "result": None})
+    r = api.post(
+        f"/jobs/{other.pk}/complete", json={"lease_token": held["lease_token"], "result": None}
+    )
     assert r.status_code == 200 and Job.objects.get(pk=other.pk).result is None
 
 
@@ -77,7 +84,10 @@ def test_engine_event_names_are_reserved(api, server):
     worker = register(api)
     job = enqueue("remote.echo", {"text": "hi"})
     [held] = claim(api, worker["id"])
-    r = api.post(f"/jobs/{job.pk}/events", json={"lease_token": held["lease_token"], "event": "job.succeeded"})
+    r = api.post(
+        f"/jobs/{job.pk}/events",
+        json={"lease_token": held["lease_token"], "event": "job.succeeded"},
+    )
     assert r.status_code == 400 and "event" in r.json()["errors"]
     assert job_status(job.pk) == "running"
 
@@ -107,7 +117,9 @@ def test_wrong_or_stale_token_is_refused_and_changes_nothing(api, server):
     r = api.post(f"/jobs/{job.pk}/complete", json={"lease_token": held["lease_token"], "result": 1})
     assert r.status_code == 409
     assert job_status(job.pk) == "running"
-    r = api.post(f"/jobs/{job.pk}/complete", json={"lease_token": second["lease_token"], "result": 2})
+    r = api.post(
+        f"/jobs/{job.pk}/complete", json={"lease_token": second["lease_token"], "result": 2}
+    )
     assert r.status_code == 200
     assert Job.objects.get(pk=job.pk).result == 2
 
@@ -116,19 +128,32 @@ def test_fail_retryable_backs_off_then_fails_for_good(api, server):
     worker = register(api)
     job = enqueue("remote.echo", {"text": "x"}, max_attempts=2)
     [held] = claim(api, worker["id"])
-    r = api.post(f"/jobs/{job.pk}/fail", json={
-        "lease_token": held["lease_token"], "error_code": "Boom", "error_message": "boom", "retryable": True,
-    })
+    r = api.post(
+        f"/jobs/{job.pk}/fail",
+        json={
+            "lease_token": held["lease_token"],
+            "error_code": "Boom",
+            "error_message": "boom",
+            "retryable": True,
+        },
+    )
     assert r.json()["status"] == "queued"
     job.refresh_from_db()
     assert job.status == "queued" and job.run_after > job.created_at and job.error_code == "Boom"
     assert events_of(job.pk)[-1] == "job.retry_scheduled"
-    second = eventually(lambda: claim(api, worker["id"], wait=2), message="the retry to be claimable")
+    second = eventually(
+        lambda: claim(api, worker["id"], wait=2), message="the retry to be claimable"
+    )
     assert second[0]["attempt"] == 2
-    r = api.post(f"/jobs/{job.pk}/fail", json={
-        "lease_token": second[0]["lease_token"], "error_code": "Boom", "error_message": "again",
-        "retryable": True,
-    })
+    r = api.post(
+        f"/jobs/{job.pk}/fail",
+        json={
+            "lease_token": second[0]["lease_token"],
+            "error_code": "Boom",
+            "error_message": "again",
+            "retryable": True,
+        },
+    )
     assert r.json()["status"] == "failed"
     assert job_status(job.pk) == "failed"
 
@@ -137,8 +162,10 @@ def test_deferred_completion_keeps_the_job_running_without_a_lease(api, server):
     worker = register(api)
     job = enqueue("remote.echo", {"text": "x"})
     [held] = claim(api, worker["id"])
-    r = api.post(f"/jobs/{job.pk}/complete", json={"lease_token": held["lease_token"],
-                                                    "result": {"batches": 3}, "deferred": True})
+    r = api.post(
+        f"/jobs/{job.pk}/complete",
+        json={"lease_token": held["lease_token"], "result": {"batches": 3}, "deferred": True},
+    )
     assert r.status_code == 200 and r.json()["status"] == "running"
     job.refresh_from_db()
     assert (job.status, job.lease_token, job.result) == ("running", None, {"batches": 3})
@@ -157,9 +184,12 @@ def test_heartbeat_extends_leases_and_reports_lost_jobs(api, server):
     Worker.objects.filter(pk=worker["id"]).update(last_heartbeat="2000-01-01T00:00:00Z")
     cancel_job(gone.pk, reason="operator")
     time.sleep(0.01)
-    r = api.patch(f"/workers/{worker['id']}", json={
-        "held": [{"id": i, "lease_token": j["lease_token"]} for i, j in held.items()],
-    })
+    r = api.patch(
+        f"/workers/{worker['id']}",
+        json={
+            "held": [{"id": i, "lease_token": j["lease_token"]} for i, j in held.items()],
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["held"] == [str(kept.pk)]
@@ -221,8 +251,13 @@ def test_paused_queue_is_not_served(api, server):
 
 
 def test_declared_operation_is_validated_at_enqueue(api, server, make_token):
-    operator = httpx.Client(base_url=server.url, trust_env=False, headers={
-        "Authorization": f"Token {make_token('operator', remote=False, extra=('add_job',))}"})
+    operator = httpx.Client(
+        base_url=server.url,
+        trust_env=False,
+        headers={
+            "Authorization": f"Token {make_token('operator', remote=False, extra=('add_job',))}"
+        },
+    )
     register(api)
     assert RemoteOperation.objects.get(name="remote.echo").queue == "remote"
     with pytest.raises(EnqueueError) as refused:
@@ -239,7 +274,10 @@ def test_declared_operation_is_validated_at_enqueue(api, server, make_token):
 def test_registration_refuses_unknown_or_invalid_operations(api, server):
     cases = [
         (["no.such.op"], "operations.0.name"),
-        ([{"name": "bad.schema", "payload_schema": {"type": "nonsense"}}], "operations.0.payload_schema"),
+        (
+            [{"name": "bad.schema", "payload_schema": {"type": "nonsense"}}],
+            "operations.0.payload_schema",
+        ),
         ([{"name": "ping", "queue": "x"}], "operations.0.name"),
         ([], "operations"),
     ]
@@ -273,9 +311,14 @@ def test_orphan_operation_is_hidden_then_back_when_declared_again(api, server):
 def test_permission_and_ownership(server, make_token, api):
     plain = make_token("viewer", remote=False)
     anonymous = httpx.Client(base_url=server.url, trust_env=False)
-    viewer = httpx.Client(base_url=server.url, headers={"Authorization": f"Token {plain}"}, trust_env=False)
-    other = httpx.Client(base_url=server.url, trust_env=False,
-                         headers={"Authorization": f"Token {make_token('other')}"})
+    viewer = httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Token {plain}"}, trust_env=False
+    )
+    other = httpx.Client(
+        base_url=server.url,
+        trust_env=False,
+        headers={"Authorization": f"Token {make_token('other')}"},
+    )
     worker = register(api)
     job = enqueue("remote.echo", {"text": "x"})
     [held] = claim(api, worker["id"])
@@ -288,12 +331,19 @@ def test_permission_and_ownership(server, make_token, api):
                 client.post(f"/workers/{worker['id']}/claim"),
                 client.post(f"/jobs/{job.pk}/events", json={"lease_token": token, "event": "x.y"}),
                 client.post(f"/jobs/{job.pk}/complete", json={"lease_token": token}),
-                client.post(f"/jobs/{job.pk}/fail", json={"lease_token": token, "error_code": "x",
-                                                          "error_message": "x"}),
+                client.post(
+                    f"/jobs/{job.pk}/fail",
+                    json={"lease_token": token, "error_code": "x", "error_message": "x"},
+                ),
                 client.delete(f"/workers/{worker['id']}"),
             ]
             for r in calls:
-                assert r.status_code in codes, (r.request.method, r.request.url, r.status_code, r.text)
+                assert r.status_code in codes, (
+                    r.request.method,
+                    r.request.url,
+                    r.status_code,
+                    r.text,
+                )
                 assert set(r.json()) == {"message", "errors"}
         # Another remote user cannot drive this worker.
         assert other.patch(f"/workers/{worker['id']}").status_code == 404
