@@ -92,8 +92,10 @@ class Job(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=1)
     lease_requeues = models.PositiveIntegerField(default=0)
+    # Indexed by job_parent_idx (parent, status); no separate FK index.
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children",
+        db_index=False,
     )
     progress_current = models.IntegerField(default=0)
     progress_total = models.IntegerField(null=True, blank=True)
@@ -106,6 +108,7 @@ class Job(models.Model):
         blank=True,
         on_delete=models.DO_NOTHING,
         db_constraint=False,
+        db_index=False,  # job_worker_idx (worker, status) covers it
         related_name="jobs",
     )
     result = models.JSONField(null=True, blank=True)
@@ -182,7 +185,8 @@ class EventLevel(models.TextChoices):
 
 
 class JobEvent(models.Model):
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    # The unique (job, seq) index serves every lookup by job.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.IntegerField()
     ts = models.DateTimeField(default=timezone.now)
     event = models.CharField(max_length=200)
