@@ -105,9 +105,9 @@ def claim_jobs(
                 return []
             params[-2] = min(limit, free)  # the LIMIT of the pick
         if d.postgres:
-            # Plans cached on a nearly empty table would keep a sequential
-            # scan as the table grows; plan every claim afresh.
-            cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            # Django's psycopg connections never prepare statements
+            # (prepare_threshold=None), so every claim is planned afresh against
+            # the table as it is now: no plan cached while the table was empty.
             cursor.execute(
                 f"WITH claimed AS ({update}), ev AS ("
                 f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
