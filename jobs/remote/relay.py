@@ -6,8 +6,8 @@ relay thread rather than one listener per request or per socket:
 
 * on PostgreSQL it ``LISTEN``\\s on ``jobs.enqueue.NOTIFY_CHANNEL`` (enqueue
   sends the queue name at commit);
-* on SQLite it polls one cheap aggregate every ``POLL_SECONDS`` and signals a
-  queue when its claimable count or its newest ``run_after`` grew.
+* on SQLite it polls one cheap aggregate (every ``POLL_SECONDS``, at most
+  0.5 s) and signals a queue when its claimable count or newest ``run_after`` grew.
 
 The signal is only a hint: waiters claim from the table, and every waiter
 also wakes on its own timeout, so a lost notification costs latency, never a job.
@@ -34,6 +34,7 @@ from jobs.conf import knob
 log = logging.getLogger("jobs.remote")
 
 GROUP_PREFIX = "jobs.queue."
+RELAY_POLL_MAX_SECONDS = 0.5
 _SAFE_GROUP = re.compile(r"[A-Za-z0-9_.\-]{1,80}")
 
 
@@ -142,16 +143,19 @@ class Relay:
         try:
             conn.autocommit = True
             conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            # Anything enqueued while we were not listening is found by the waiters' own polls.
             while True:
-                queues = {n.payload for n in conn.notifies(timeout=1.0)}
-                self.publish(queues)
+                for note in conn.notifies(timeout=5.0):
+                    self.publish({note.payload})
+                conn.execute("SELECT 1")  # a health check while idle
         finally:
             wrapper.close()
 
     def _poll_forever(self) -> None:
+        # One cheap aggregate per web process, so it can afford to look often.
         while True:
             self.poll_once()
-            time.sleep(float(knob("POLL_SECONDS")))
+            time.sleep(min(float(knob("POLL_SECONDS")), RELAY_POLL_MAX_SECONDS))
 
     def poll_once(self) -> set[str]:
         """SQLite: signal queues whose claimable count or newest ``run_after`` grew."""
@@ -168,6 +172,7 @@ class Relay:
             .annotate(n=Count("id"), newest=Max("run_after"))
             .order_by()
         )
+        rows = list(rows)
         grown = set()
         for row in rows:
             before_n, before_newest = self._seen.get(row["queue"], (0, None))
