@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -90,7 +91,10 @@ def claim_jobs(
     lease_until = now + timedelta(seconds=lease_seconds)
     params = [d.ts(now), d.ts(lease_until), d.uuid(worker_id), d.ts(now), *pick_params, d.ts(now)]
     worker_text = str(worker_id)
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    # On PostgreSQL an uncapped claim is one statement, atomic on its own.
+    needs_transaction = cap is not None or not d.postgres
+    scope = transaction.atomic(using=using) if needs_transaction else nullcontext()
+    with scope, connections[using].cursor() as cursor:
         if cap is not None:
             if len(queues) != 1:
                 raise ValueError("A concurrency cap applies to one queue at a time.")
@@ -142,7 +146,6 @@ def claim_jobs(
         )
         for r in rows
     ]
-    # RETURNING order is not the pick order; run the most urgent first.
     return claimed
 
 
@@ -201,30 +204,41 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
     check_transition(RUNNING, SUCCEEDED)
     d = dialect(using)
     now = timezone.now()
-    values_sql = ", ".join(
-        [f"({d.uuid_param}, {d.uuid_param}, {d.json_param}, %s, %s)"] * len(completions)
-    )
-    params: list[Any] = [SUCCEEDED.value, d.ts(now), d.ts(now)]
+    cast = "::int" if d.postgres else ""
+    row = f"({d.uuid_param}, {d.uuid_param}, {d.json_param}, %s{cast}, %s{cast}, %s{cast})"
+    params: list[Any] = [d.ts(now), d.ts(now)]
     for c in completions:
         current, total = c.progress or (None, None)
-        params += [d.uuid(c.job_id), d.uuid(c.lease_token), d.json(c.result), current, total]
-    sql = (
-        f"UPDATE {JOB_TABLE} SET status = %s, last_event_seq = last_event_seq + 1, "
+        params += [
+            d.uuid(c.job_id), d.uuid(c.lease_token), d.json(c.result), current, total,
+            c.duration_ms,
+        ]
+    returning = f"{JOB_TABLE}.id, {JOB_TABLE}.last_event_seq"
+    update = (
+        f"UPDATE {JOB_TABLE} SET status = 'succeeded', last_event_seq = last_event_seq + 1, "
         "last_event_at = %s, finished_at = %s, result = v.column3, error_code = '', "
         "error_message = '', leased_until = NULL, lease_token = NULL, "
         "progress_current = COALESCE(v.column4, progress_current), "
         "progress_total = COALESCE(v.column5, progress_total) "
-        f"FROM (VALUES {values_sql}) AS v "
+        f"FROM (VALUES {', '.join([row] * len(completions))}) AS v "
         f"WHERE {JOB_TABLE}.id = v.column1 AND {JOB_TABLE}.lease_token = v.column2 "
-        f"AND {JOB_TABLE}.status = 'running' "
-        f"RETURNING {JOB_TABLE}.id, {JOB_TABLE}.last_event_seq"
+        f"AND {JOB_TABLE}.status = 'running' RETURNING {returning}"
     )
     if d.postgres:
-        # VALUES columns need explicit types for the integer progress pair.
-        sql = sql.replace(", %s, %s)", ", %s::int, %s::int)")
+        # One statement, atomic on its own: no BEGIN/COMMIT round trips.
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                f"WITH done AS ({update}, v.column6 AS duration_ms) INSERT INTO {EVENT_TABLE} "
+                "(job_id, seq, ts, event, level, message, fields) "
+                "SELECT id, last_event_seq, %s, 'job.succeeded', 'info', '', "
+                "jsonb_build_object('duration_ms', duration_ms) FROM done RETURNING job_id",
+                [*params, d.ts(now)],
+            )
+            return [r[0] for r in cursor.fetchall()]
+    # SQLite: RETURNING cannot name the VALUES table; take durations from our side.
     durations = {d.uuid(c.job_id): c.duration_ms for c in completions}
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(update, params)
         rows = cursor.fetchall()
         cursor.executemany(
             f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "

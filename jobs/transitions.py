@@ -112,7 +112,6 @@ def _move(
     lease_token: uuid.UUID | None = None,
     assign: dict[str, Any] | None = None,
     sources: Sequence[Status] | None = None,
-    limit_sql: str = "",
     using: str = "default",
 ) -> list[Moved]:
     """The one guarded UPDATE behind every status change, with its events."""
@@ -140,14 +139,27 @@ def _move(
     if where:
         conditions.append(where)
         params.extend(where_params)
-    sql = (
-        f"UPDATE {JOB_TABLE} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
-        f"{limit_sql} RETURNING id, last_event_seq"
+    update = (
+        f"UPDATE {JOB_TABLE} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
+        "RETURNING id, last_event_seq"
     )
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-        write_events(cursor, d, rows, event, now)
+    if d.postgres:
+        # One statement, atomic on its own: the status change and its event
+        # commit together without BEGIN/COMMIT round trips.
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                f"WITH moved AS ({update}) INSERT INTO {EVENT_TABLE} "
+                "(job_id, seq, ts, event, level, message, fields) "
+                "SELECT id, last_event_seq, %s, %s, %s, %s, %s::jsonb FROM moved "
+                "RETURNING job_id, seq",
+                [*params, now, event.event, event.level, event.message or "", d.json(event.fields)],
+            )
+            rows = cursor.fetchall()
+    else:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            cursor.execute(update, params)
+            rows = cursor.fetchall()
+            write_events(cursor, d, rows, event, now)
     return [Moved(d.read_uuid(r[0]), r[1]) for r in rows]
 
 
