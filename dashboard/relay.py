@@ -72,6 +72,7 @@ class Relay:
         self.subscribers: dict[str, Subscription] = {}
         self.task: asyncio.Task | None = None
         self.last_id: int | None = None
+        self.floor = 0
         self.seen: set[int] = set()
         self.job_seq: dict[uuid.UUID, int] = {}
         self.rendered_at: dict[str, float] = {}
@@ -91,6 +92,7 @@ class Relay:
             self.job_seq.setdefault(sub.job_id, sub.after)
         if not self.running:
             self.last_id = await database_sync_to_async(_max_event_id)()
+            self.floor = self.last_id  # pages catch up on older events themselves
             self.seen.clear()
             if not self.running and self.subscribers:
                 self.starts += 1
@@ -161,11 +163,11 @@ class Relay:
             and self.last_id > 0
             and not JobEvent.objects.filter(id__lte=self.last_id).exists()
         ):
-            self.last_id, self.seen = 0, set()  # the table was emptied (tests, retention)
+            self.last_id, self.floor, self.seen = 0, 0, set()  # the table was emptied
         jobs: dict[uuid.UUID, int] = {}
         enqueued: list[uuid.UUID] = []
         for event_id, job_id, seq, name in rows:
-            if event_id in self.seen or event_id <= low:
+            if event_id in self.seen or event_id <= max(low, self.floor):
                 continue
             self.seen.add(event_id)
             jobs[job_id] = max(seq, jobs.get(job_id, 0))
