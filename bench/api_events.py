@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", default="postgres://postgres@127.0.0.1:5432/postgres",
-                        help="Any database URL on the PostgreSQL server to use (for CREATE DATABASE).")
+                        help="A database URL on the PostgreSQL server (for CREATE DATABASE).")
     parser.add_argument("--database", default="bench_api", help="The database to fill (created).")
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--events-per-job", type=int, default=10)
@@ -49,10 +49,14 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
+def libpq_url(url: str) -> str:
+    return url.replace("postgres://", "postgresql://", 1)
+
+
 def ensure_database(server_url: str, name: str) -> None:
     import psycopg
 
-    with psycopg.connect(server_url.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as c:
         if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             print(f"creating database {name}", flush=True)
             c.execute(f'CREATE DATABASE "{name}"')
@@ -61,7 +65,7 @@ def ensure_database(server_url: str, name: str) -> None:
 def drop_database(server_url: str, name: str) -> None:
     import psycopg
 
-    with psycopg.connect(server_url.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
+    with psycopg.connect(libpq_url(server_url), autocommit=True) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(f"dropped database {name}")
 
@@ -101,7 +105,8 @@ def fill(jobs: int, events: int, chunk: int, refill: bool) -> None:
         have_jobs = cursor.fetchone()[0]
         cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'jobs_jobevent'")
         have_events = cursor.fetchone()[0]
-        if not refill and have_jobs == jobs and abs(have_events - jobs * events) <= jobs * events * 0.05:
+        wanted = jobs * events
+        if not refill and have_jobs == jobs and abs(have_events - wanted) <= wanted * 0.05:
             print(f"reusing {have_jobs:,} jobs and about {have_events:,} events", flush=True)
             return
         print(f"filling {jobs:,} jobs and {jobs * events:,} events", flush=True)
@@ -150,7 +155,8 @@ def measure(jobs: int, events: int, runs: int, requests: int) -> None:
     sample = [job_id(rng.randint(1, jobs)) for _ in range(200)]
     with connection.cursor() as cursor:
         cursor.execute(
-            "EXPLAIN SELECT * FROM jobs_jobevent WHERE job_id = %s AND seq > %s ORDER BY seq LIMIT 500",
+            "EXPLAIN SELECT * FROM jobs_jobevent "
+            "WHERE job_id = %s AND seq > %s ORDER BY seq LIMIT 500",
             [sample[0], events // 2],
         )
         print("plan:", " / ".join(row[0].strip() for row in cursor.fetchall()))

@@ -49,6 +49,19 @@ MAX_EVENT_LIMIT = 1000
 COUNT_TIMEOUT_MS = 1000
 
 _HEXISH = re.compile(r"^[0-9a-fA-F-]{4,36}$")
+# PostgreSQL text and jsonb cannot hold NUL; such input is refused, not sent.
+NUL_MESSAGE = "Null characters are not allowed."
+
+
+def contains_nul(value: Any) -> bool:
+    """True if any string (or object key) inside a JSON value holds a NUL character."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(contains_nul(k) or contains_nul(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(contains_nul(v) for v in value)
+    return False
 
 
 class InvalidFilter(ValueError):
@@ -202,6 +215,8 @@ def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) 
         values = _values(data, name)
         if any(not isinstance(v, str) for v in values):
             errors[name] = [f"'{name}' must be a string or a list of strings."]
+        elif any("\x00" in v for v in values):
+            errors[name] = [NUL_MESSAGE]
         texts[name] = tuple(str(v) for v in values)
     parent: uuid.UUID | None = None
     top_level = False
@@ -222,6 +237,9 @@ def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) 
     q = _single(data, "q")
     if q is not None and not isinstance(q, str):
         errors["q"] = ["'q' must be a string."]
+        q = None
+    elif q is not None and "\x00" in q:
+        errors["q"] = [NUL_MESSAGE]
         q = None
     ids: list[uuid.UUID] = []
     if allow_ids:
@@ -437,7 +455,8 @@ def job_get(job_id: uuid.UUID | str) -> Job | None:
 def job_children_counts(job_id: uuid.UUID) -> dict[str, int]:
     """Direct children of a job counted by state, every state present (zeros included)."""
     counts = dict.fromkeys(STATES, 0)
-    rows = Job.objects.filter(parent_id=job_id).order_by().values_list("status").annotate(n=Count("id"))
+    children = Job.objects.filter(parent_id=job_id).order_by()
+    rows = children.values_list("status").annotate(n=Count("id"))
     for status, n in rows:
         counts[status] = n
     return counts
@@ -508,7 +527,8 @@ def queue_stats(names: Sequence[str] | None = None) -> list[QueueStats]:
         entry.kind, entry.paused, entry.concurrency_cap = row.kind, row.paused, row.concurrency_cap
     for queue, status, n in jobs.values_list("queue", "status").annotate(n=Count("id")):
         get(queue).counts[status] = n
-    oldest = jobs.filter(status=Status.QUEUED).values_list("queue").annotate(oldest=Min("created_at"))
+    queued = jobs.filter(status=Status.QUEUED)
+    oldest = queued.values_list("queue").annotate(oldest=Min("created_at"))
     for queue, first in oldest:
         get(queue).oldest_queued_age = round(max((now - first).total_seconds(), 0.0), 3)
     hour = jobs.filter(status__in=list(TERMINAL), finished_at__gte=now - timedelta(hours=1))

@@ -58,4 +58,6 @@ class LimitedJSONParser(JSONParser):
         try:
             return super().parse(stream, media_type, parser_context)
         except RecursionError:
-            raise exceptions.ParseError("JSON parse error - the body is nested too deeply.") from None
+            raise exceptions.ParseError(
+                "JSON parse error - the body is nested too deeply."
+            ) from None

@@ -11,13 +11,13 @@ from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.templatetags.static import static
+from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.renderers import (
     OpenApiJsonRenderer,
     OpenApiJsonRenderer2,
     OpenApiYamlRenderer,
     OpenApiYamlRenderer2,
 )
-from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView

@@ -13,7 +13,7 @@ from typing import Any
 from rest_framework import serializers
 
 from jobs.models import Job, JobEvent
-from jobs.selectors import STATES
+from jobs.selectors import NUL_MESSAGE, STATES, contains_nul
 
 
 class StrictSerializer(serializers.Serializer):
@@ -93,7 +93,9 @@ class JobDetailSerializer(JobSerializer):
 
 class JobPageSerializer(serializers.Serializer):
     results = JobSerializer(many=True)
-    next = serializers.URLField(allow_null=True, help_text="The next page, or null on the last one.")
+    next = serializers.URLField(
+        allow_null=True, help_text="The next page, or null on the last one."
+    )
     count = serializers.IntegerField(
         allow_null=True,
         help_text="Matching jobs, counted up to COUNT_CAP (null if the count ran out of time).",
@@ -121,6 +123,11 @@ class EnqueueSerializer(StrictSerializer):
     parent = serializers.UUIDField(required=False, allow_null=True)
     idempotency_key = serializers.CharField(required=False, allow_null=True, max_length=255)
 
+    def validate_payload(self, value: Any) -> Any:
+        if contains_nul(value):
+            raise serializers.ValidationError(NUL_MESSAGE)
+        return value
+
 
 class ReasonSerializer(StrictSerializer):
     reason = serializers.CharField(
@@ -144,7 +151,9 @@ class BulkActionSerializer(StrictSerializer):
     created_before = serializers.CharField(required=False, help_text="ISO 8601.")
     q = serializers.CharField(required=False, allow_blank=True)
     ids = serializers.ListField(child=serializers.UUIDField(), required=False)
-    reason = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=2000)
+    reason = serializers.CharField(
+        required=False, allow_blank=True, allow_null=True, max_length=2000
+    )
     all = serializers.BooleanField(
         required=False, default=False, help_text="Required to act on every job (no filter)."
     )
@@ -171,7 +180,9 @@ class EventPageSerializer(serializers.Serializer):
     last_seq = serializers.IntegerField(
         help_text="Pass it as 'after' on the next poll: the largest seq returned, or 'after'."
     )
-    has_more = serializers.BooleanField(help_text="True when the page was full: poll again at once.")
+    has_more = serializers.BooleanField(
+        help_text="True when the page was full: poll again at once."
+    )
 
 
 # --- queues and workers ------------------------------------------------------------

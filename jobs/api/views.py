@@ -140,7 +140,9 @@ class JobListView(ApiView):
         params = request.query_params
         filters = selectors.job_filters_from_query(params)
         limit = selectors.parse_limit(
-            params.get("limit"), default=selectors.DEFAULT_PAGE_SIZE, maximum=selectors.MAX_PAGE_SIZE
+            params.get("limit"),
+            default=selectors.DEFAULT_PAGE_SIZE,
+            maximum=selectors.MAX_PAGE_SIZE,
         )
         page = selectors.job_list(filters, params.get("cursor") or None, limit)
         count = selectors.job_count(filters)
@@ -382,6 +384,8 @@ class QueueDetailView(ApiView):
 def _queue_name(name: str) -> str:
     if not name.strip() or len(name) > 200:
         raise ValidationError({"name": ["A queue name is 1 to 200 characters."]})
+    if "\x00" in name:
+        raise ValidationError({"name": [selectors.NUL_MESSAGE]})
     return name
 
 

@@ -8,7 +8,14 @@ import pytest
 
 from jobs.api import actions
 from jobs.models import Job
-from tests.integration.foundation.helpers import cancelled, failed, fresh, queued, running, succeeded
+from tests.integration.foundation.helpers import (
+    cancelled,
+    failed,
+    fresh,
+    queued,
+    running,
+    succeeded,
+)
 
 from .conftest import assert_error_shape
 
@@ -23,7 +30,11 @@ def test_bulk_cancel_by_queue_in_small_batches(operator, monkeypatch):
     monkeypatch.setattr(actions, "BULK_BATCH_SIZE", 3)
     calls = []
     original = actions.cancel_jobs
-    monkeypatch.setattr(actions, "cancel_jobs", lambda ids, **kw: calls.append(len(ids)) or original(ids, **kw))
+    def counting(ids, **kwargs):
+        calls.append(len(ids))
+        return original(ids, **kwargs)
+
+    monkeypatch.setattr(actions, "cancel_jobs", counting)
     targets = [queued(queue="bulk") for _ in range(8)]
     other = queued(queue="other")
     done = succeeded(queue="bulk-done")

@@ -55,7 +55,9 @@ def test_body_larger_than_its_declared_length_is_cut_at_the_limit(operator, sett
 
 
 def test_form_bodies_are_415(operator):
-    response = operator.post("/jobs", raw="operation=ping", content_type="application/x-www-form-urlencoded")
+    response = operator.post(
+        "/jobs", raw="operation=ping", content_type="application/x-www-form-urlencoded"
+    )
     assert_error_shape(response, 415)
 
 
@@ -92,7 +94,8 @@ def test_unexpected_errors_are_json_500_without_a_traceback(viewer, monkeypatch)
     assert response["Content-Type"].startswith("application/json")
     body = response.json()
     assert set(body) == {"message", "errors"}
-    assert b"secret internal detail" not in response.content and b"Traceback" not in response.content
+    assert b"secret internal detail" not in response.content
+    assert b"Traceback" not in response.content
 
 
 @pytest.mark.parametrize("path", ["/jobs", "/queues", "/workers", "/schema"])
@@ -109,3 +112,32 @@ def test_trailing_slash_variants_of_item_routes(operator):
     assert operator.post(f"/jobs/{job.pk}/cancel/").status_code == 200
     assert operator.post("/queues/default/pause/").status_code == 200
     assert operator.post("/queues/default/resume").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("GET", "/jobs?q=a%00b", None, "q"),
+        ("GET", "/jobs?queue=a%00b", None, "queue"),
+        ("GET", "/jobs?operation=a%00b", None, "operation"),
+        ("POST", "/jobs", {"operation": "fail", "payload": {"message": "a\u0000b"}}, "payload"),
+        ("POST", "/jobs", {"operation": "ping", "queue": "a\u0000"}, "queue"),
+        ("POST", "/jobs", {"operation": "ping", "idempotency_key": "a\u0000"}, "idempotency_key"),
+        ("POST", "/jobs/cancel", {"queue": "a\u0000"}, "queue"),
+        ("POST", "/queues/a%00b/pause", None, "name"),
+        ("GET", "/queues/a%00b", None, "name"),
+    ],
+)
+def test_null_characters_are_refused_before_they_reach_the_database(
+    admin, method, path, body, field
+):
+    """PostgreSQL text and jsonb cannot store NUL: a 400 naming the field, not a 500."""
+    error = assert_error_shape(admin.request(method, path, body), 400)
+    assert field in error["errors"], error
+    assert admin.get("/jobs").status_code == 200  # the transaction is still usable
+
+
+def test_huge_after_reads_as_nothing_new(viewer):
+    job = queued()
+    body = viewer.get(f"/jobs/{job.pk}/events", after=10**20).json()
+    assert body["results"] == [] and body["last_seq"] == 10**20

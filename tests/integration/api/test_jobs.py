@@ -97,7 +97,8 @@ def test_enqueue_refusals_name_the_field(operator, body, field):
 
 def test_enqueue_refuses_a_payload_over_the_payload_limit(operator, settings):
     settings.CONTROLPLANE = {"MAX_PAYLOAD_BYTES": 1000}
-    response = operator.post("/jobs", {"operation": "sleep", "payload": {"seconds": 1, "x": "y" * 2000}})
+    payload = {"seconds": 1, "x": "y" * 2000}
+    response = operator.post("/jobs", {"operation": "sleep", "payload": payload})
     error = assert_error_shape(response, 400)
     assert "payload" in error["errors"]
 
@@ -115,7 +116,9 @@ def test_detail_has_every_field_and_children_counts(viewer):
     assert response.status_code == 200
     body = response.json()
     assert JOB_KEYS <= set(body)
-    assert body["children"] == {"queued": 2, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 1}
+    assert body["children"] == {
+        "queued": 2, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 1
+    }
     assert viewer.get(f"/jobs/{parent.pk}/").json() == body
 
 
@@ -186,7 +189,8 @@ def test_cursor_pagination_walks_every_job_once(viewer):
     jobs = [queued() for _ in range(7)]
     # Two pairs share created_at exactly: the id breaks the tie.
     Job.objects.filter(pk__in=[jobs[1].pk, jobs[2].pk]).update(created_at=now)
-    Job.objects.filter(pk__in=[jobs[4].pk, jobs[5].pk]).update(created_at=now - timedelta(seconds=1))
+    earlier = now - timedelta(seconds=1)
+    Job.objects.filter(pk__in=[jobs[4].pk, jobs[5].pk]).update(created_at=earlier)
     seen, url, pages = [], "/jobs?limit=2", 0
     while url:
         response = viewer.client.get(url, headers=viewer.headers)
@@ -198,7 +202,8 @@ def test_cursor_pagination_walks_every_job_once(viewer):
         assert url is None or url.startswith("http://testserver/jobs?")
     assert pages == 4
     assert sorted(seen) == sorted(str(j.pk) for j in jobs) and len(seen) == 7
-    expected = [str(pk) for pk in Job.objects.order_by("-created_at", "-id").values_list("pk", flat=True)]
+    newest_first = Job.objects.order_by("-created_at", "-id").values_list("pk", flat=True)
+    expected = [str(pk) for pk in newest_first]
     assert seen == expected
 
 
