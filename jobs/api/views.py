@@ -91,10 +91,8 @@ class ApiView(APIView):
 
     @staticmethod
     def body(request: Request) -> dict[str, Any]:
-        """The JSON body as an object (an empty body reads as ``{}``)."""
+        """The JSON body as an object (no body at all reads as ``{}``)."""
         data = request.data
-        if not data:
-            return {}
         if not isinstance(data, dict):
             raise ValidationError({"non_field_errors": ["The request body must be a JSON object."]})
         return data

@@ -29,9 +29,13 @@ def test_json_nested_too_deep(operator):
 
 
 def test_body_that_is_not_an_object(operator):
-    for raw in ("[]", "[1]", '"ping"', "42", "null"):
-        response = operator.post("/jobs", raw=raw)
-        assert_error_shape(response, 400)
+    job = queued()
+    for raw in ("[]", "[1]", '"ping"', "42", "null", '""'):
+        error = assert_error_shape(operator.post("/jobs", raw=raw), 400)
+        assert "object" in error["errors"]["non_field_errors"][0]
+        assert_error_shape(operator.post(f"/jobs/{job.pk}/cancel", raw=raw), 400)
+        assert_error_shape(operator.post("/jobs/retry", raw=raw), 400)
+    assert operator.post(f"/jobs/{job.pk}/cancel").status_code == 200  # no body at all is fine
 
 
 def test_oversized_body_is_413(operator, settings):
