@@ -20,6 +20,7 @@
   var reconnectTimer = null;
   var attempts = 0;
   var lastBody = null;
+  var lastVersionHeader = null;
   var pending = null;
   var stopped = false;
 
@@ -68,9 +69,12 @@
   }
 
   // --- applying server fragments ----------------------------------------------------
+  // Someone is using a form in a region that live updates replace (a queue's
+  // cap, say): hold the update until focus leaves that form.
   function editing() {
     var a = document.activeElement;
-    return Boolean(a && a.matches && a.matches("input, textarea, select") && a.closest("[data-live-hold]"));
+    return Boolean(a && a.closest && a.closest("[data-live-hold] form") &&
+      a.matches("input, textarea, select, button"));
   }
   function dedupeTimeline() {
     var seen = -1;
@@ -121,13 +125,17 @@
           return null;
         }
         if (!response.ok) throw new Error("HTTP " + response.status);
+        lastVersionHeader = response.headers.get("X-Live-Version");
         return response.text();
       })
       .then(function (body) {
         if (body === null) return;
         var took = performance.now() - started;
-        var changed = body !== lastBody;
-        lastBody = body;
+        // A page whose answer carries a version (the job page: its last event's
+        // seq) changed only if the version did; others compare the whole answer.
+        var version = lastVersionHeader || body;
+        var changed = version !== lastBody;
+        lastBody = version;
         if (changed) apply(body);
         interval = changed && took < slow ? base : Math.min(interval * 2, max);
         schedule();

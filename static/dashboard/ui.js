@@ -68,6 +68,18 @@
     }
   }, true);
 
+  // Filters submit only the fields that are set, so a shared address stays short.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!(form instanceof HTMLFormElement) || form.method.toLowerCase() !== "get") return;
+    Array.prototype.forEach.call(form.elements, function (field) {
+      if (field.name && !field.disabled && field.value === "") {
+        field.disabled = true;
+        setTimeout(function () { field.disabled = false; }, 0);
+      }
+    });
+  });
+
   document.addEventListener("htmx:configRequest", function (event) {
     event.detail.headers["X-CSRFToken"] = csrfToken();
   });
