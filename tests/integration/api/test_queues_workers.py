@@ -119,3 +119,15 @@ def test_remote_methods_reach_the_remote_worker_handlers(api_for):
     response = remote.post("/workers", body)
     assert response.status_code not in (401, 403, 404, 405), response.content
     assert response["Content-Type"].startswith("application/json")
+
+
+def test_remote_only_routes_are_not_swallowed_by_job_routes(api_for):
+    """/jobs/<id>/complete, /fail and /workers/<id>/claim belong to the remote-worker views."""
+    remote = api_for("remote")
+    job = queued()
+    worker = Worker.objects.create(name="w", kind="remote")
+    paths = (f"/jobs/{job.pk}/complete", f"/jobs/{job.pk}/fail/", f"/workers/{worker.pk}/claim")
+    for path in paths:
+        response = remote.post(path, {"lease_token": str(uuid.uuid4())})
+        assert response.status_code != 405, (path, response.content)
+        assert b"There is no API route" not in response.content, path
