@@ -58,7 +58,7 @@ def unique_queue(prefix: str = "q") -> str:
 
 def queued(payload: dict[str, Any] | None = None, **options: Any) -> Job:
     options.setdefault("queue", unique_queue())
-    return enqueue(ECHO, payload or {}, **options)
+    return enqueue(options.pop("operation", ECHO), payload or {}, **options)
 
 
 def worker(*, stale: bool = False, queues: list[str] | None = None, **fields: Any) -> Worker:

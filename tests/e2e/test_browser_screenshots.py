@@ -1,0 +1,143 @@
+"""Screenshots of every page, light and dark, desktop and phone, over realistic data.
+
+Always taken (a page that fails to render fails here); written to
+``docs/screenshots/`` when ``DASHBOARD_SCREENSHOTS=1``, else to a temporary
+directory.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from jobs.models import Job, JobEvent, Queue, Worker
+from jobs.operations import operation, registry
+from jobs.transitions import emit_event
+from tests.conftest import ROOT
+from tests.integration.dashboard.helpers import (
+    cancelled,
+    failed,
+    queued,
+    running,
+    succeeded,
+    tick,
+    worker,
+)
+
+pytestmark = pytest.mark.e2e
+
+OPERATIONS = ["invoices.render", "emails.send", "reports.nightly", "embeddings.compute"]
+for _name in OPERATIONS:
+    if _name not in registry:
+        operation(_name)(lambda ctx, payload: payload)
+
+
+def _realistic_data() -> Job:
+    """A few queues, workers and a running job with a story; returns that job."""
+    rng = random.Random(7)
+    now = timezone.now()
+    alive = worker(hostname="worker-eu-1", pid=31337, queues=["default", "emails"], concurrency=8)
+    worker(hostname="worker-eu-2", pid=4120, queues=["reports", "default"], concurrency=4)
+    dead = worker(stale=True, hostname="worker-us-3", pid=977, queues=["emails"], concurrency=4)
+    finished = []
+    for i in range(90):
+        op = rng.choice(OPERATIONS[:3])
+        queue = {"invoices.render": "default", "emails.send": "emails", "reports.nightly": "reports"}[op]
+        payload = {"account": rng.randint(1, 60), "attempt_hint": i % 3}
+        if i % 11 == 0:
+            job = failed(payload, operation=op, queue=queue, worker_id=alive.pk,
+                         code=rng.choice(["SMTPServerDisconnected", "TimeoutError"]),
+                         message=rng.choice(["Connection unexpectedly closed by smtp.example.net",
+                                             "Upstream PDF renderer did not answer in 30 s"]))
+        else:
+            job = succeeded(payload, operation=op, queue=queue, worker_id=alive.pk)
+        finished.append(job)
+    for job in finished:  # spread over the last hour for the chart
+        ago = timedelta(seconds=rng.randint(0, 3500))
+        Job.objects.filter(pk=job.pk).update(
+            created_at=now - ago - timedelta(seconds=3),
+            started_at=now - ago - timedelta(seconds=2),
+            finished_at=now - ago,
+        )
+    for _ in range(14):
+        queued({"account": rng.randint(1, 60)}, operation="emails.send", queue="emails")
+    for _ in range(5):
+        queued({"period": "2025-01"}, operation="reports.nightly", queue="reports")
+    cancelled({"account": 12}, operation="invoices.render", queue="default")
+    running({"to": "ops@example.com"}, operation="emails.send", queue="emails", worker_id=dead.pk)
+    Queue.objects.create(name="reports", paused=True)
+    Queue.objects.create(name="emails", concurrency_cap=20)
+
+    star, held = running({"model": "esm2-650M", "proteins": 12000, "batch_size": 1000},
+                         operation="embeddings.compute", queue="default", worker_id=alive.pk)
+    for kid in range(3):
+        queued({"batch": kid}, operation="embeddings.compute", queue="default", parent=star.pk)
+    emit_event(star.pk, event="embeddings.plan", message="12 batches of 1,000 sequences",
+               fields={"batches": 12, "device": "cuda:0"}, lease_token=held.lease_token)
+    for step in range(1, 8):
+        tick(star, held, step, 12, f"batch {step} embedded")
+    emit_event(star.pk, event="embeddings.slow_batch", level="warning",
+               message="batch 7 took 41 s (median 18 s)", fields={"batch": 7, "seconds": 41.2},
+               lease_token=held.lease_token)
+    started = now - timedelta(minutes=6)
+    Job.objects.filter(pk=star.pk).update(created_at=started - timedelta(seconds=4), started_at=started)
+    for event in JobEvent.objects.filter(job=star).order_by("seq"):
+        JobEvent.objects.filter(pk=event.pk).update(ts=started + timedelta(seconds=31 * (event.seq - 2)))
+    return star
+
+
+def _heartbeats() -> None:
+    """Live workers beat while the screenshots are taken (the test server's timeout is 3 s)."""
+    Worker.objects.exclude(hostname="worker-us-3").update(last_heartbeat=timezone.now())
+
+
+def test_screenshots_of_every_page(open_page, tmp_path) -> None:
+    out = ROOT / "docs" / "screenshots" if os.environ.get("DASHBOARD_SCREENSHOTS") == "1" else tmp_path
+    out.mkdir(parents=True, exist_ok=True)
+    star = _realistic_data()
+
+    def shoot(page, name: str, full: bool = True) -> Path:
+        page.wait_for_timeout(300)  # relative times and the live pill settle
+        path = out / f"{name}.png"
+        page.screenshot(path=str(path), full_page=full)
+        assert path.stat().st_size > 5_000
+        return path
+
+    login = open_page(None)
+    login.goto("/accounts/login/")
+    shoot(login, "login", full=False)
+
+    page = open_page("operator", username="ada")
+    pages = [
+        ("overview", "/dashboard/"),
+        ("jobs", "/dashboard/jobs/"),
+        ("job-detail", f"/dashboard/jobs/{star.pk}/"),
+        ("workers", "/dashboard/workers/"),
+        ("queues", "/dashboard/queues/"),
+    ]
+    for name, path in pages:
+        _heartbeats()
+        page.goto(path)
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
+        shoot(page, name)
+    page.goto("/dashboard/jobs/?status=failed")
+    shoot(page, "jobs-failed")
+
+    dark = open_page("viewer", username="grace", color_scheme="dark")
+    for name, path in (("overview-dark", "/dashboard/"), ("job-detail-dark", f"/dashboard/jobs/{star.pk}/")):
+        _heartbeats()
+        dark.goto(path)
+        shoot(dark, name)
+
+    phone = open_page("operator", viewport={"width": 390, "height": 844})
+    _heartbeats()
+    phone.goto(f"/dashboard/jobs/{star.pk}/")
+    shoot(phone, "job-detail-phone")
+    phone.goto("/dashboard/jobs/")
+    shoot(phone, "jobs-phone", full=False)
