@@ -138,6 +138,7 @@ class JobManager:
             if not self._declarations:
                 raise RuntimeError("Declare at least one operation before connecting.")
             self._stop.clear()
+            self._stop_requested.clear()
             self._register()
             self._start_thread(self._heartbeat_loop, "controlplane-heartbeat")
             if self.auto_serve:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import threading
 import time
@@ -114,10 +115,15 @@ class AutoServe:
             failure = error
             self._report(job, lambda: m.fail(job, failure))
             return
-        if isinstance(outcome, Deferred):
-            self._report(job, lambda: m.complete(job, outcome.result, deferred=True))
-        else:
-            self._report(job, lambda: m.complete(job, outcome))
+        deferred = isinstance(outcome, Deferred)
+        result = outcome.result if deferred else outcome
+        try:
+            json.dumps(result)
+        except (TypeError, ValueError) as error:
+            message = f"The operation returned a result that is not JSON: {error}"
+            self._report(job, lambda: m.fail(job, message, error_code="InvalidResult"))
+            return
+        self._report(job, lambda: m.complete(job, result, deferred=deferred))
 
     def _report(self, job: ClaimedJob, send: Any) -> None:
         try:

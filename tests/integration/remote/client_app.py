@@ -46,6 +46,8 @@ def deferred(job: ClaimedJob) -> Any:
 
 
 def broken(job: ClaimedJob) -> Any:
+    if job.payload.get("unserialisable"):
+        return {"when": object()}
     raise ValueError("broken on purpose")
 
 

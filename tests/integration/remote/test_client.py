@@ -47,6 +47,10 @@ def test_auto_serve_runs_jobs_end_to_end(start_client, server):
     eventually(lambda: job_status(broken.pk) == "failed", message="the broken job to fail")
     broken.refresh_from_db()
     assert (broken.error_code, broken.error_message) == ("ValueError", "broken on purpose")
+    # A result that is not JSON fails the job rather than leaving it to its lease.
+    odd = enqueue("remote.broken", {"unserialisable": True})
+    eventually(lambda: job_status(odd.pk) == "failed", message="the odd result to fail")
+    assert Job.objects.get(pk=odd.pk).error_code == "InvalidResult"
     # SIGTERM: a graceful goodbye removes the worker.
     client.signal(signal.SIGTERM)
     assert client.wait() == 0, client.output()
@@ -133,7 +137,10 @@ def test_sigterm_mid_job_requeues_it_without_counting_the_attempt(start_client, 
     client.signal(signal.SIGTERM)
     assert client.wait() == 0, client.output()
     job.refresh_from_db()
-    assert (job.status, job.attempts, job.worker_id) == ("queued", 0, None)
+    assert (job.status, job.attempts, job.worker_id) == ("queued", 0, None), (
+        events_of(job.pk),
+        client.output(),
+    )
     assert "job.requeued" in events_of(job.pk)
     assert not Worker.objects.filter(pk=worker_id).exists()
 
@@ -174,3 +181,16 @@ def test_long_polling_client_gets_jobs_and_stops_promptly(start_client, server):
     assert not Worker.objects.exists(), list(Worker.objects.values("id", "name"))
     assert "registering again" not in client.output()
     assert worker_id not in Worker.objects.values_list("id", flat=True)
+
+
+def test_swept_client_registers_again_and_keeps_serving(start_client, server):
+    client = start_client("--mode", "auto", "--long-poll", "2")
+    first = worker_id_of(client)
+    Worker.objects.filter(pk=first).delete()  # what the reaper does to a silent worker
+    eventually(
+        lambda: Worker.objects.filter(name="test-client").exclude(pk=first).exists(),
+        message="the client to register again",
+    )
+    assert "registering again" in client.output()
+    job = enqueue("remote.echo", {"text": "after the sweep"})
+    eventually(lambda: succeeded(job.pk), message="the job to run on the new registration")
