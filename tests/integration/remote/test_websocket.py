@@ -6,10 +6,12 @@ import json
 import time
 
 import pytest
-from websockets.exceptions import InvalidStatus
-from websockets.sync.client import connect
 
 from jobs.enqueue import enqueue
+
+pytest.importorskip("websockets", reason="the client's push extra (websockets) is not installed")
+from websockets.exceptions import InvalidStatus  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
 
 from .helpers import ECHO, register
 
