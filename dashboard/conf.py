@@ -13,7 +13,7 @@ import os
 DEFAULTS: dict[str, float] = {
     # Rows per job-list page and timeline entries per page of history.
     "PAGE_SIZE": 50,
-    "TIMELINE_PAGE": 200,
+    "TIMELINE_PAGE": 100,
     # The relay reads new events this often (one reader per web process).
     "RELAY_INTERVAL_SECONDS": 0.5,
     # Summary pages (overview, queues, workers) are re-rendered at most this

@@ -95,7 +95,11 @@ def throughput_chart(
 
 
 def workers_context() -> dict[str, Any]:
-    return {"workers": selectors.worker_rows(), "orphans": selectors.orphaned_jobs()}
+    return {
+        "workers": selectors.worker_rows(),
+        "orphans": selectors.orphaned_jobs(),
+        "orphan_count": selectors.orphan_count(),
+    }
 
 
 def queues_context() -> dict[str, Any]:

@@ -46,6 +46,7 @@ LIST_FIELDS = (
     "progress_total",
     "parent_id",
     "worker_id",
+    "leased_until",
 )
 RECLAIM_EVENTS = ("job.lease_expired_requeue", "job.lease_expired", "job.timeout")
 
@@ -310,18 +311,23 @@ def live_worker_ids() -> list[uuid.UUID]:
     )
 
 
-def orphaned_jobs(limit: int = 200) -> list[Job]:
+def _orphans():
+    return Job.objects.filter(status=RUNNING, lease_token__isnull=False).exclude(
+        worker_id__in=live_worker_ids()
+    )
+
+
+def orphaned_jobs(limit: int = 50) -> list[Job]:
     """Running jobs held by a worker that is stale or gone (deferred coordinators excluded).
 
     A deferred coordinator is ``running`` without a lease token: it waits for
     its batches, not for a worker, so it is never an orphan.
     """
-    return list(
-        Job.objects.filter(status=RUNNING, lease_token__isnull=False)
-        .exclude(worker_id__in=live_worker_ids())
-        .only(*LIST_FIELDS)
-        .order_by("started_at")[:limit]
-    )
+    return list(_orphans().only(*LIST_FIELDS).order_by("started_at")[:limit])
+
+
+def orphan_count() -> Count:
+    return capped_count(_orphans())
 
 
 def workers_alive() -> tuple[int, int]:

@@ -25,8 +25,12 @@ from tests.integration.dashboard.helpers import make_user
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 # Fast live updates for tests; the polling fallback starts at half a second.
 SERVER_KNOBS = {
@@ -80,9 +84,18 @@ def server(django_db_setup, tmp_path_factory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("daphne") / "daphne.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-             "controlplane.asgi:application"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                str(Path(sys.executable).parent / "daphne"),
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "controlplane.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -106,7 +119,9 @@ def browser(server):
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     playwright = sync_playwright().start()
-    chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    chromium = playwright.chromium.launch(
+        executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+    )
     try:
         yield chromium
     finally:
@@ -127,10 +142,16 @@ def open_page(browser, server, transactional_db) -> Iterator[Callable[..., objec
     contexts = []
     pages = []
 
-    def open_as(role: str | None = "operator", *, username: str | None = None,
-                color_scheme: str = "light", viewport: dict | None = None):
+    def open_as(
+        role: str | None = "operator",
+        *,
+        username: str | None = None,
+        color_scheme: str = "light",
+        viewport: dict | None = None,
+    ):
         context = browser.new_context(
-            base_url=server, color_scheme=color_scheme,
+            base_url=server,
+            color_scheme=color_scheme,
             viewport=viewport or {"width": 1360, "height": 900},
         )
         contexts.append(context)

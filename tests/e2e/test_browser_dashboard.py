@@ -60,7 +60,9 @@ def test_a_running_jobs_timeline_and_progress_update_without_reload(open_page) -
     expect(page.locator("#job-progress progress")).to_have_attribute("value", "66.7")
     expect(page.locator("#job-progress")).to_contain_text("Estimated finish")
     assert page.evaluate("window.__sameDocument") is True
-    seqs = page.eval_on_selector_all("#timeline > li", "items => items.map(i => Number(i.dataset.seq))")
+    seqs = page.eval_on_selector_all(
+        "#timeline > li", "items => items.map(i => Number(i.dataset.seq))"
+    )
     assert seqs == [1, 2, 3, 4]
 
 
@@ -73,8 +75,11 @@ def test_the_timeline_falls_back_to_polling_when_the_socket_cannot_connect(open_
     tick(job, held, 1, 2, "arrived by polling")
     expect(page.locator("#timeline")).to_contain_text("arrived by polling")
     # Nothing changes any more: the interval doubles (0.5 s, 1 s, 2 s ...).
-    wait_for(lambda: page.evaluate("window.__live.interval()") >= 2000, timeout=10,
-             message="the polling interval to back off")
+    wait_for(
+        lambda: page.evaluate("window.__live.interval()") >= 2000,
+        timeout=10,
+        message="the polling interval to back off",
+    )
     tick(job, held, 2, 2, "still arriving")
     expect(page.locator("#timeline")).to_contain_text("still arriving", timeout=10_000)
     expect(page.locator("#timeline > li")).to_have_count(4)
@@ -176,12 +181,23 @@ def test_the_job_list_updates_rows_live(open_page) -> None:
 def test_hostile_job_data_is_shown_as_text_and_never_runs(open_page) -> None:
     payload = {"note": HOSTILE_SCRIPT, "img": HOSTILE_IMG}
     job, held = running(payload, queue="hostile")
-    emit_event(job.pk, event="note", message=HOSTILE_IMG, fields={"x": HOSTILE_SCRIPT},
-               lease_token=held.lease_token)
+    emit_event(
+        job.pk,
+        event="note",
+        message=HOSTILE_IMG,
+        fields={"x": HOSTILE_SCRIPT},
+        lease_token=held.lease_token,
+    )
     dead = failed(payload, queue="hostile", code=HOSTILE_IMG, message=HOSTILE_SCRIPT)
     page = open_page("operator")
-    for path in (f"/dashboard/jobs/{job.pk}/", f"/dashboard/jobs/{dead.pk}/", "/dashboard/jobs/?queue=hostile",
-                 "/dashboard/", "/dashboard/queues/", "/dashboard/workers/"):
+    for path in (
+        f"/dashboard/jobs/{job.pk}/",
+        f"/dashboard/jobs/{dead.pk}/",
+        "/dashboard/jobs/?queue=hostile",
+        "/dashboard/",
+        "/dashboard/queues/",
+        "/dashboard/workers/",
+    ):
         page.goto(path)
         page.wait_for_load_state("load")
         assert page.evaluate("typeof window.__pwned") == "undefined", path
@@ -191,7 +207,9 @@ def test_hostile_job_data_is_shown_as_text_and_never_runs(open_page) -> None:
     assert page.locator("#timeline img, pre img, script:not([src])").count() == 0
     # The same through a live push.
     expect(page.locator("#live")).to_have_attribute("data-state", "live")
-    emit_event(job.pk, event="note", message=HOSTILE_SCRIPT + HOSTILE_IMG, lease_token=held.lease_token)
+    emit_event(
+        job.pk, event="note", message=HOSTILE_SCRIPT + HOSTILE_IMG, lease_token=held.lease_token
+    )
     expect(page.locator("#timeline > li")).to_have_count(4)
     expect(page.locator("#timeline > li").last).to_contain_text(HOSTILE_SCRIPT)
     page.wait_for_timeout(200)
@@ -220,8 +238,11 @@ def test_a_viewer_sees_no_buttons_and_is_refused_when_posting(open_page) -> None
         ("/dashboard/queues/pause/", {"name": "viewonly"}),
         ("/dashboard/jobs/bulk/", {"do": "cancel-filter", "confirm": "1"}),
     ):
-        response = page.request.post(path, form={**form, "csrfmiddlewaretoken": token},
-                                     headers={"X-CSRFToken": token, "Referer": page.url})
+        response = page.request.post(
+            path,
+            form={**form, "csrfmiddlewaretoken": token},
+            headers={"X-CSRFToken": token, "Referer": page.url},
+        )
         assert response.status == 403, path
         assert "may look but not act" in response.text()
     assert fresh(job).status == "queued" and fresh(dead).status == "failed"
@@ -257,3 +278,24 @@ def test_requeue_a_job_orphaned_by_a_dead_worker(open_page) -> None:
     expect(page.locator(".message-success")).to_contain_text("Job requeued")
     assert Job.objects.get(pk=orphan.pk).status == "queued"
     expect(page.get_by_role("button", name="Requeue")).to_have_count(0)
+
+
+def test_a_real_worker_runs_a_job_while_the_page_watches(open_page, start_process) -> None:
+    from jobs.enqueue import enqueue
+
+    queue = "e2e-real-worker"
+    job = enqueue("sleep", {"seconds": 1.5, "emit_every": 0.3}, queue=queue)
+    page = open_page("viewer")
+    page.goto(f"/dashboard/jobs/{job.pk}/")
+    expect(page.locator("#live")).to_have_attribute("data-state", "live")
+    worker_process = start_process("runworker", "--queue", queue, "--concurrency", "1")
+    expect(page.locator("#job-head .badge")).to_have_text("running", timeout=20_000)
+    expect(page.locator("#timeline")).to_contain_text("sleep.tick", timeout=20_000)
+    expect(page.locator("#job-head .badge")).to_have_text("succeeded", timeout=20_000)
+    expect(page.locator("#job-progress")).to_contain_text("5 / 5")
+    expect(page.locator("#timeline")).to_contain_text("job.succeeded")
+    expect(page.locator("#job-outcome")).to_contain_text("slept")
+    seqs = page.eval_on_selector_all(
+        "#timeline > li", "items => items.map(i => Number(i.dataset.seq))"
+    )
+    assert seqs == list(range(1, len(seqs) + 1)), worker_process.output()

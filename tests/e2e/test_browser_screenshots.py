@@ -48,13 +48,26 @@ def _realistic_data() -> Job:
     finished = []
     for i in range(90):
         op = rng.choice(OPERATIONS[:3])
-        queue = {"invoices.render": "default", "emails.send": "emails", "reports.nightly": "reports"}[op]
+        queue = {
+            "invoices.render": "default",
+            "emails.send": "emails",
+            "reports.nightly": "reports",
+        }[op]
         payload = {"account": rng.randint(1, 60), "attempt_hint": i % 3}
         if i % 11 == 0:
-            job = failed(payload, operation=op, queue=queue, worker_id=alive.pk,
-                         code=rng.choice(["SMTPServerDisconnected", "TimeoutError"]),
-                         message=rng.choice(["Connection unexpectedly closed by smtp.example.net",
-                                             "Upstream PDF renderer did not answer in 30 s"]))
+            job = failed(
+                payload,
+                operation=op,
+                queue=queue,
+                worker_id=alive.pk,
+                code=rng.choice(["SMTPServerDisconnected", "TimeoutError"]),
+                message=rng.choice(
+                    [
+                        "Connection unexpectedly closed by smtp.example.net",
+                        "Upstream PDF renderer did not answer in 30 s",
+                    ]
+                ),
+            )
         else:
             job = succeeded(payload, operation=op, queue=queue, worker_id=alive.pk)
         finished.append(job)
@@ -74,21 +87,39 @@ def _realistic_data() -> Job:
     Queue.objects.create(name="reports", paused=True)
     Queue.objects.create(name="emails", concurrency_cap=20)
 
-    star, held = running({"model": "esm2-650M", "proteins": 12000, "batch_size": 1000},
-                         operation="embeddings.compute", queue="default", worker_id=alive.pk)
+    star, held = running(
+        {"model": "esm2-650M", "proteins": 12000, "batch_size": 1000},
+        operation="embeddings.compute",
+        queue="default",
+        worker_id=alive.pk,
+    )
     for kid in range(3):
         queued({"batch": kid}, operation="embeddings.compute", queue="default", parent=star.pk)
-    emit_event(star.pk, event="embeddings.plan", message="12 batches of 1,000 sequences",
-               fields={"batches": 12, "device": "cuda:0"}, lease_token=held.lease_token)
+    emit_event(
+        star.pk,
+        event="embeddings.plan",
+        message="12 batches of 1,000 sequences",
+        fields={"batches": 12, "device": "cuda:0"},
+        lease_token=held.lease_token,
+    )
     for step in range(1, 8):
         tick(star, held, step, 12, f"batch {step} embedded")
-    emit_event(star.pk, event="embeddings.slow_batch", level="warning",
-               message="batch 7 took 41 s (median 18 s)", fields={"batch": 7, "seconds": 41.2},
-               lease_token=held.lease_token)
+    emit_event(
+        star.pk,
+        event="embeddings.slow_batch",
+        level="warning",
+        message="batch 7 took 41 s (median 18 s)",
+        fields={"batch": 7, "seconds": 41.2},
+        lease_token=held.lease_token,
+    )
     started = now - timedelta(minutes=6)
-    Job.objects.filter(pk=star.pk).update(created_at=started - timedelta(seconds=4), started_at=started)
+    Job.objects.filter(pk=star.pk).update(
+        created_at=started - timedelta(seconds=4), started_at=started
+    )
     for event in JobEvent.objects.filter(job=star).order_by("seq"):
-        JobEvent.objects.filter(pk=event.pk).update(ts=started + timedelta(seconds=31 * (event.seq - 2)))
+        JobEvent.objects.filter(pk=event.pk).update(
+            ts=started + timedelta(seconds=31 * (event.seq - 2))
+        )
     return star
 
 
@@ -98,7 +129,11 @@ def _heartbeats() -> None:
 
 
 def test_screenshots_of_every_page(open_page, tmp_path) -> None:
-    out = ROOT / "docs" / "screenshots" if os.environ.get("DASHBOARD_SCREENSHOTS") == "1" else tmp_path
+    out = (
+        ROOT / "docs" / "screenshots"
+        if os.environ.get("DASHBOARD_SCREENSHOTS") == "1"
+        else tmp_path
+    )
     out.mkdir(parents=True, exist_ok=True)
     star = _realistic_data()
 
@@ -130,7 +165,10 @@ def test_screenshots_of_every_page(open_page, tmp_path) -> None:
     shoot(page, "jobs-failed")
 
     dark = open_page("viewer", username="grace", color_scheme="dark")
-    for name, path in (("overview-dark", "/dashboard/"), ("job-detail-dark", f"/dashboard/jobs/{star.pk}/")):
+    for name, path in (
+        ("overview-dark", "/dashboard/"),
+        ("job-detail-dark", f"/dashboard/jobs/{star.pk}/"),
+    ):
         _heartbeats()
         dark.goto(path)
         shoot(dark, name)

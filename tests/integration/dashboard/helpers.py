@@ -23,7 +23,7 @@ from jobs.transitions import cancel_job, complete_job, emit_event, fail_job
 
 ECHO = "dash.echo"
 HOSTILE_SCRIPT = "<script>window.__pwned=1</script>"
-HOSTILE_IMG = "<img src=x onerror=\"window.__pwned=2\">"
+HOSTILE_IMG = '<img src=x onerror="window.__pwned=2">'
 
 if ECHO not in registry:
 
@@ -73,10 +73,14 @@ def worker(*, stale: bool = False, queues: list[str] | None = None, **fields: An
     )
 
 
-def claim(job: Job, *, worker_id: uuid.UUID | None = None, lease_seconds: float = 300) -> ClaimedJob:
+def claim(
+    job: Job, *, worker_id: uuid.UUID | None = None, lease_seconds: float = 300
+) -> ClaimedJob:
     if worker_id is None:
         worker_id = worker(queues=[job.queue]).pk
-    claimed = claim_jobs(queues=[job.queue], worker_id=worker_id, limit=1, lease_seconds=lease_seconds)
+    claimed = claim_jobs(
+        queues=[job.queue], worker_id=worker_id, limit=1, lease_seconds=lease_seconds
+    )
     assert [c.id for c in claimed] == [job.pk], "the claim did not pick the job under test"
     return claimed[0]
 
@@ -98,8 +102,13 @@ def tick(job: Job, held: ClaimedJob, current: int, total: int, message: str = ""
     )
 
 
-def failed(payload: dict[str, Any] | None = None, *, code: str = "ValueError",
-           message: str = "boom", **options: Any) -> Job:
+def failed(
+    payload: dict[str, Any] | None = None,
+    *,
+    code: str = "ValueError",
+    message: str = "boom",
+    **options: Any,
+) -> Job:
     job, held = running(payload, **options)
     fail_job(job.pk, lease_token=held.lease_token, error_code=code, error_message=message)
     return job

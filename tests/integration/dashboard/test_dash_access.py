@@ -45,7 +45,8 @@ def test_login_page_renders_and_logs_in(settings) -> None:
     page = client.get("/accounts/login/")
     assert page.status_code == 200 and b"Sign in" in page.content
     response = client.post(
-        "/accounts/login/", {"username": "vera", "password": "correct horse battery staple", "next": "/dashboard/"}
+        "/accounts/login/",
+        {"username": "vera", "password": "correct horse battery staple", "next": "/dashboard/"},
     )
     assert response.status_code == 302 and response["Location"] == "/dashboard/"
     assert client.get("/dashboard/").status_code == 200
@@ -67,9 +68,21 @@ def test_viewers_see_no_action_buttons(viewer_client: Client) -> None:
     job = queued()
     dead = failed()
     Queue.objects.create(name=job.queue)
-    for path in (f"/dashboard/jobs/{job.pk}/", f"/dashboard/jobs/{dead.pk}/", "/dashboard/jobs/", "/dashboard/queues/"):
+    for path in (
+        f"/dashboard/jobs/{job.pk}/",
+        f"/dashboard/jobs/{dead.pk}/",
+        "/dashboard/jobs/",
+        "/dashboard/queues/",
+    ):
         html = viewer_client.get(path).content.decode()
-        for label in (">Cancel<", ">Retry<", ">Pause<", ">Resume<", "Cancel selected", 'name="ids"'):
+        for label in (
+            ">Cancel<",
+            ">Retry<",
+            ">Pause<",
+            ">Resume<",
+            "Cancel selected",
+            'name="ids"',
+        ):
             assert label not in html, (path, label)
 
 

@@ -28,7 +28,9 @@ def operator_name(client: Client) -> str:
 
 def test_cancel_writes_who_and_why(operator_client: Client) -> None:
     job = queued()
-    response = operator_client.post(f"/dashboard/jobs/{job.pk}/cancel/", {"reason": "wrong account"}, follow=True)
+    response = operator_client.post(
+        f"/dashboard/jobs/{job.pk}/cancel/", {"reason": "wrong account"}, follow=True
+    )
     assert fresh(job).status == "cancelled"
     assert "Job cancelled." in messages_of(response)
     event = JobEvent.objects.get(job=job, event="job.cancelled")
@@ -65,7 +67,9 @@ def test_bulk_on_a_selection_previews_then_runs(operator_client: Client) -> None
     assert plan.eligible.value == 2 and plan.considered.value == 3
     assert "Cancel 2 jobs" in preview.content.decode()
     assert fresh(a).status == "queued"  # nothing changed yet
-    response = operator_client.post("/dashboard/jobs/bulk/", {**data, "confirm": "1", "reason": "dupes"}, follow=True)
+    response = operator_client.post(
+        "/dashboard/jobs/bulk/", {**data, "confirm": "1", "reason": "dupes"}, follow=True
+    )
     assert "Cancelled 2 jobs." in messages_of(response)
     assert {fresh(a).status, fresh(b).status, fresh(done).status} == {"cancelled", "succeeded"}
     fields = list(JobEvent.objects.filter(event="job.cancelled").values_list("fields", flat=True))
@@ -93,7 +97,9 @@ def test_bulk_runs_at_most_count_cap_jobs(operator_client: Client, monkeypatch) 
         queued(queue="capped")
     preview = operator_client.post("/dashboard/jobs/bulk/?queue=capped", {"do": "cancel-filter"})
     assert preview.context["plan"].truncated and "run it again" in preview.content.decode().lower()
-    response = operator_client.post("/dashboard/jobs/bulk/?queue=capped", {"do": "cancel-filter", "confirm": "1"}, follow=True)
+    response = operator_client.post(
+        "/dashboard/jobs/bulk/?queue=capped", {"do": "cancel-filter", "confirm": "1"}, follow=True
+    )
     assert "Cancelled 3 jobs." in messages_of(response)
     assert Job.objects.filter(queue="capped", status="queued").count() == 2
 
@@ -116,7 +122,9 @@ def test_pause_resume_and_cap(operator_client: Client) -> None:
     assert not Queue.objects.get(name=job.queue).paused
     operator_client.post("/dashboard/queues/cap/", {"name": job.queue, "concurrency_cap": "5"})
     assert Queue.objects.get(name=job.queue).concurrency_cap == 5
-    bad = operator_client.post("/dashboard/queues/cap/", {"name": job.queue, "concurrency_cap": "-1"}, follow=True)
+    bad = operator_client.post(
+        "/dashboard/queues/cap/", {"name": job.queue, "concurrency_cap": "-1"}, follow=True
+    )
     assert "whole number" in messages_of(bad)
     operator_client.post("/dashboard/queues/cap/", {"name": job.queue, "concurrency_cap": ""})
     assert Queue.objects.get(name=job.queue).concurrency_cap is None

@@ -23,7 +23,9 @@ postgres_only = pytest.mark.usefixtures("postgres")
 
 
 @postgres_only
-def test_statement_timeout_turns_a_slow_page_into_a_503(operator_client: Client, monkeypatch) -> None:
+def test_statement_timeout_turns_a_slow_page_into_a_503(
+    operator_client: Client, monkeypatch
+) -> None:
     monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "50")
     monkeypatch.setattr(selectors, "queue_names", _slow_queue_names)
     response = operator_client.get("/dashboard/jobs/")

@@ -28,7 +28,9 @@ def mix(db):
         "a42b": queued({"account": 42, "tags": ["x", "y"], "nested": {"k": 1}}, queue=q2),
         "a7": queued({"account": 7, "flag": True, "none": None}, queue=q1),
         "str": queued({"account": "42"}, queue=q1),
-        "failed": failed({"account": 42}, queue=q1, code="TimeoutError", message="the upstream timed out"),
+        "failed": failed(
+            {"account": 42}, queue=q1, code="TimeoutError", message="the upstream timed out"
+        ),
         "ok": succeeded({}, queue=q2),
     }
     return jobs
@@ -78,16 +80,35 @@ def test_parent_and_time_filters(db) -> None:
 
 def test_python_matching_agrees_with_the_database(mix) -> None:
     cases = [
-        "", "status=queued", "queue=orders", 'payload={"account": 42}', 'payload={"tags": ["y"]}',
-        "q=upstream", "status=failed&queue=orders", 'payload={"account": "42"}',
+        "",
+        "status=queued",
+        "queue=orders",
+        'payload={"account": 42}',
+        'payload={"tags": ["y"]}',
+        "q=upstream",
+        "status=failed&queue=orders",
+        'payload={"account": "42"}',
     ]
-    rows = list(Job.objects.values("id", "status", "queue", "operation", "parent_id", "created_at",
-                                   "payload", "error_code", "error_message"))
+    rows = list(
+        Job.objects.values(
+            "id",
+            "status",
+            "queue",
+            "operation",
+            "parent_id",
+            "created_at",
+            "payload",
+            "error_code",
+            "error_message",
+        )
+    )
     for case in cases:
         f = JobFilters.from_query(QueryDict(case))
         expected = {r["id"] for r in rows if f.matches(r)}
         if case == 'payload={"tags": ["y"]}':
-            assert expected == {mix["a42b"].pk}  # SQLite compares nested values exactly; Python as PostgreSQL does
+            assert expected == {
+                mix["a42b"].pk
+            }  # SQLite compares nested values exactly; Python as PostgreSQL does
             continue
         assert expected == ids_of(case), case
 
@@ -100,7 +121,9 @@ def test_json_contains_is_postgres_containment() -> None:
 
 
 def test_the_url_holds_the_filters(operator_client: Client, mix) -> None:
-    response = operator_client.get('/dashboard/jobs/?queue=orders&payload={"account": 42}&status=queued')
+    response = operator_client.get(
+        '/dashboard/jobs/?queue=orders&payload={"account": 42}&status=queued'
+    )
     assert [j.pk for j in response.context["jobs"]] == [mix["a42"].pk]
     query = response.context["query"]
     assert "queue=orders" in query and "payload=" in query and "status=queued" in query
@@ -123,7 +146,11 @@ def test_keyset_pages_walk_both_ways_without_gaps(operator_client: Client, monke
             break
         after = page.next_cursor
     assert len(seen) == 10 and len(set(seen)) == 10
-    expected = list(Job.objects.filter(queue="paged").order_by("-created_at", "-id").values_list("pk", flat=True))
+    expected = list(
+        Job.objects.filter(queue="paged")
+        .order_by("-created_at", "-id")
+        .values_list("pk", flat=True)
+    )
     assert seen == expected
     back = operator_client.get(f"/dashboard/jobs/?queue=paged&before={pages[-1].prev_cursor}")
     assert [j.pk for j in back.context["page"].jobs] == expected[4:8]

@@ -55,8 +55,9 @@ async def sockets():
     await db(connections.close_all)()
 
 
-async def receive_until(comm: WebsocketCommunicator, predicate: Callable[[dict], bool],
-                        timeout: float = 5.0) -> dict:
+async def receive_until(
+    comm: WebsocketCommunicator, predicate: Callable[[dict], bool], timeout: float = 5.0
+) -> dict:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -133,9 +134,16 @@ async def test_the_job_list_gets_changed_rows_and_a_new_jobs_notice(sockets) -> 
     operator = await db(make_user)("operator")
     shown = await db(queued)(queue="listed")
     newest = shown.created_at.isoformat()
-    comm, _, _ = await sockets(operator, {
-        "page": "jobs", "ids": [str(shown.pk)], "query": "queue=listed", "newest": newest, "first_page": True,
-    })
+    comm, _, _ = await sockets(
+        operator,
+        {
+            "page": "jobs",
+            "ids": [str(shown.pk)],
+            "query": "queue=listed",
+            "newest": newest,
+            "first_page": True,
+        },
+    )
     await db(cancel_job)(shown.pk)
     message = await receive_until(comm, html_with(f'id="job-{shown.pk}"'))
     assert "state-cancelled" in message["html"] and 'name="ids"' in message["html"]

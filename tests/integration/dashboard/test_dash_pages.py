@@ -35,8 +35,13 @@ def assert_inert(html: str) -> None:
 @pytest.fixture
 def hostile_jobs(db):
     job, held = running(HOSTILE)
-    emit_event(job.pk, event="note.added", message=HOSTILE_IMG, fields={"html": HOSTILE_SCRIPT},
-               lease_token=held.lease_token)
+    emit_event(
+        job.pk,
+        event="note.added",
+        message=HOSTILE_IMG,
+        fields={"html": HOSTILE_SCRIPT},
+        lease_token=held.lease_token,
+    )
     dead = failed(HOSTILE, code=HOSTILE_IMG, message=HOSTILE_SCRIPT)
     return job, dead
 
@@ -51,7 +56,9 @@ def test_job_page_shows_everything_and_escapes_it(operator_client: Client, hosti
     assert "&lt;img src=x onerror=&quot;window.__pwned=2&quot;&gt;" in html  # the error class
 
 
-@pytest.mark.parametrize("path", ["/dashboard/", "/dashboard/jobs/", "/dashboard/workers/", "/dashboard/queues/"])
+@pytest.mark.parametrize(
+    "path", ["/dashboard/", "/dashboard/jobs/", "/dashboard/workers/", "/dashboard/queues/"]
+)
 def test_summary_pages_escape_job_data(operator_client: Client, hostile_jobs, path: str) -> None:
     html = operator_client.get(path).content.decode()
     assert "<script>window.__pwned" not in html and "<img src=x" not in html
@@ -94,7 +101,10 @@ def test_job_page_links_parent_and_children(operator_client: Client) -> None:
 
 
 def test_unknown_job_is_404(operator_client: Client) -> None:
-    assert operator_client.get("/dashboard/jobs/00000000-0000-0000-0000-000000000000/").status_code == 404
+    assert (
+        operator_client.get("/dashboard/jobs/00000000-0000-0000-0000-000000000000/").status_code
+        == 404
+    )
 
 
 def test_job_live_endpoint_sends_only_new_events(operator_client: Client) -> None:
@@ -104,7 +114,10 @@ def test_job_live_endpoint_sends_only_new_events(operator_client: Client) -> Non
     html = operator_client.get(f"/dashboard/jobs/{job.pk}/live/?after={last}").content.decode()
     assert "second" in html and "first" not in html
     assert 'id="job-head" class="job-head" hx-swap-oob="true"' in html
-    assert operator_client.get(f"/dashboard/jobs/{job.pk}/live/?after={last}")["Cache-Control"] == "no-store"
+    assert (
+        operator_client.get(f"/dashboard/jobs/{job.pk}/live/?after={last}")["Cache-Control"]
+        == "no-store"
+    )
 
 
 def test_earlier_events_load_on_demand(operator_client: Client, monkeypatch) -> None:
@@ -123,13 +136,15 @@ def test_overview_counts_chart_and_failures(operator_client: Client) -> None:
     w = worker()
     succeeded(queue="alpha", worker_id=w.pk)
     failed(queue="alpha", code="TimeoutError", message="upstream took too long", worker_id=w.pk)
-    failed(queue="alpha", code="TimeoutError", message="upstream took too long again", worker_id=w.pk)
+    failed(
+        queue="alpha", code="TimeoutError", message="upstream took too long again", worker_id=w.pk
+    )
     queued(queue="alpha")
     worker(stale=True, hostname="old-box")
     response = operator_client.get("/dashboard/")
     html = response.content.decode()
     assert "alpha" in html and "TimeoutError" in html and "2×" in html
-    assert "<svg class=\"chart\"" in html and 'class="bar-fail"' in html
+    assert '<svg class="chart"' in html and 'class="bar-fail"' in html
     ctx = response.context
     assert ctx["workers_alive"] == 1 and ctx["workers_stale"] == 1
     assert ctx["totals"]["failed"] == 2 and ctx["chart"]["failed"] == 2
@@ -160,9 +175,11 @@ def test_queues_page_shows_settings_and_reclaims(operator_client: Client) -> Non
     from jobs.rescues import requeue_expired_leases
 
     job, _ = running(queue="gamma")
-    from jobs.models import Job
-    from django.utils import timezone
     from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.models import Job
 
     Job.objects.filter(pk=job.pk).update(leased_until=timezone.now() - timedelta(seconds=5))
     requeue_expired_leases(max_requeues=3)
