@@ -18,7 +18,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import QueryDict
 from django.utils.dateparse import parse_datetime
 
-from dashboard import render, selectors
+from dashboard import detail as detail_reads
+from dashboard import render
 from dashboard.filters import JobFilters
 from dashboard.permissions import role_of
 from dashboard.relay import LIST_GROUP, SUMMARY_PAGES, Subscription, job_group, page_group, relay
@@ -167,13 +168,13 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
 
 
 def _job_since(job_id: uuid.UUID, role: str, after: int) -> tuple[str, int]:
-    detail = selectors.job_detail(job_id)
+    detail = detail_reads.job_detail(job_id)
     if detail is None:
         return "", after
-    events = selectors.events_after(job_id, after)
+    events = detail_reads.events_after(job_id, after)
     return str(render.job_live(detail, role, events)), (events[-1].seq if events else after)
 
 
 def _entries_between(job_id: uuid.UUID, after: int, before: int) -> list[tuple[int, str]]:
-    events = [e for e in selectors.events_after(job_id, after) if e.seq < before]
+    events = [e for e in detail_reads.events_after(job_id, after) if e.seq < before]
     return [(seq, str(html)) for seq, html in render.timeline_entries(events)]

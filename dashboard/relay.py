@@ -22,8 +22,10 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
+from dashboard import detail as detail_reads
 from dashboard import render, selectors
 from dashboard.conf import setting
+from dashboard.db import bounded_reads
 from dashboard.filters import JobFilters
 from jobs.models import Job, JobEvent
 
@@ -140,6 +142,12 @@ class Relay:
 
     # --- the work of one tick (runs in the database thread) ---------------
     def _collect(self, subs: dict[str, Subscription]) -> list[tuple[str, dict[str, Any]]]:
+        # The pages' own statement timeout: a slow render fails this tick (logged,
+        # retried later), it never holds the database.
+        with bounded_reads():
+            return self._collect_bounded(subs)
+
+    def _collect_bounded(self, subs: dict[str, Subscription]) -> list[tuple[str, dict[str, Any]]]:
         changes = self._read_changes()
         if changes.jobs:
             self.dirty = True
@@ -185,11 +193,11 @@ class Relay:
             if sub.job_id is not None:
                 watched.setdefault(sub.job_id, set()).add(sub.role)
         for job_id in set(changes.jobs) & set(watched):
-            detail = selectors.job_detail(job_id)
+            detail = detail_reads.job_detail(job_id)
             if detail is None:
                 continue
             after = self.job_seq.get(job_id, 0)
-            events = selectors.events_after(job_id, after)
+            events = detail_reads.events_after(job_id, after)
             entries = render.timeline_entries(events)
             if events:
                 self.job_seq[job_id] = events[-1].seq

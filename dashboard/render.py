@@ -17,6 +17,7 @@ from django.template.loader import render_to_string
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from dashboard import detail as detail_reads
 from dashboard import selectors
 from dashboard.conf import setting
 from dashboard.permissions import OPERATOR
@@ -154,7 +155,7 @@ def new_jobs_banner(count: int, query: str, *, many: bool = False) -> str:
 # --- one job -------------------------------------------------------------------------
 
 
-def job_context(detail: selectors.JobDetail, role: str | None) -> dict[str, Any]:
+def job_context(detail: detail_reads.JobDetail, role: str | None) -> dict[str, Any]:
     job = detail.job
     can_act = role == OPERATOR
     return {
@@ -184,11 +185,11 @@ def timeline_append(entries: Sequence[tuple[int, str]]) -> str:
     )
 
 
-def job_head(detail: selectors.JobDetail, role: str | None) -> str:
+def job_head(detail: detail_reads.JobDetail, role: str | None) -> str:
     """The parts of the job page that change with its state, out of band (not the timeline)."""
     return render_to_string(f"{JOB_TEMPLATE}#live", {**job_context(detail, role), "oob": True})
 
 
-def job_live(detail: selectors.JobDetail, role: str | None, events: Sequence[JobEvent]) -> str:
+def job_live(detail: detail_reads.JobDetail, role: str | None, events: Sequence[JobEvent]) -> str:
     """A polling answer: the changing parts and the events the page does not have yet."""
     return job_head(detail, role) + timeline_append(timeline_entries(events))

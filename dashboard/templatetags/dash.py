@@ -97,7 +97,7 @@ def fields_items(fields: Any) -> list[tuple[str, str]]:
 @register.filter
 def job_progress(job: Any) -> Any:
     """The progress figures of a job row (None when it reports none)."""
-    from dashboard.selectors import progress_of
+    from dashboard.detail import progress_of
 
     return progress_of(job)
 

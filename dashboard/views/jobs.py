@@ -10,6 +10,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from dashboard import detail as detail_reads
 from dashboard import render as fragments
 from dashboard import selectors
 from dashboard.db import capped_count
@@ -74,8 +75,8 @@ def job_list_live(request: HttpRequest) -> HttpResponse:
     return no_store(HttpResponse(html))
 
 
-def _detail_or_404(job_id: uuid.UUID) -> selectors.JobDetail:
-    detail = selectors.job_detail(job_id)
+def _detail_or_404(job_id: uuid.UUID) -> detail_reads.JobDetail:
+    detail = detail_reads.job_detail(job_id)
     if detail is None:
         raise Http404("No such job.")
     return detail
@@ -84,7 +85,7 @@ def _detail_or_404(job_id: uuid.UUID) -> selectors.JobDetail:
 @page
 def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     detail = _detail_or_404(job_id)
-    events, earlier = selectors.timeline(job_id)
+    events, earlier = detail_reads.timeline(job_id)
     context = {
         **base_context(request, "jobs"),
         **fragments.job_context(detail, role_of(request.user)),
@@ -106,7 +107,7 @@ def _int(raw: str | None, default: int = 0) -> int:
 def job_live(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     """Polling fallback for the job page: the same fragments a WebSocket push carries."""
     detail = _detail_or_404(job_id)
-    events = selectors.events_after(job_id, _int(request.GET.get("after")))
+    events = detail_reads.events_after(job_id, _int(request.GET.get("after")))
     response = HttpResponse(fragments.job_live(detail, role_of(request.user), events))
     # Every change of a job writes an event: its last seq tells the poller whether
     # anything changed (the estimated finish in the answer moves on its own).
@@ -118,7 +119,7 @@ def job_live(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
 def job_earlier(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     """Older timeline entries, loaded on demand above the ones shown."""
     before = _int(request.GET.get("before"))
-    events, earlier = selectors.timeline(job_id, before=before)
+    events, earlier = detail_reads.timeline(job_id, before=before)
     html = render_to_string(
         f"{fragments.JOB_TEMPLATE}#earlier-page",
         {"job": {"id": job_id}, "events": events, "earlier": earlier},

@@ -31,6 +31,12 @@ def query_of(url: str) -> dict[str, list[str]]:
     return parse_qs(urlsplit(url).query)
 
 
+def timeline_seqs(page) -> list[int]:
+    return page.eval_on_selector_all(
+        "#timeline > li", "items => items.map(i => Number(i.dataset.seq))"
+    )
+
+
 def test_anonymous_users_are_sent_to_login_and_can_sign_in(open_page) -> None:
     make_user("viewer", "olga", password=True)
     page = open_page(None)
@@ -60,9 +66,7 @@ def test_a_running_jobs_timeline_and_progress_update_without_reload(open_page) -
     expect(page.locator("#job-progress progress")).to_have_attribute("value", "66.7")
     expect(page.locator("#job-progress")).to_contain_text("Estimated finish")
     assert page.evaluate("window.__sameDocument") is True
-    seqs = page.eval_on_selector_all(
-        "#timeline > li", "items => items.map(i => Number(i.dataset.seq))"
-    )
+    seqs = timeline_seqs(page)
     assert seqs == [1, 2, 3, 4]
 
 
@@ -295,7 +299,26 @@ def test_a_real_worker_runs_a_job_while_the_page_watches(open_page, start_proces
     expect(page.locator("#job-progress")).to_contain_text("5 / 5")
     expect(page.locator("#timeline")).to_contain_text("job.succeeded")
     expect(page.locator("#job-outcome")).to_contain_text("slept")
-    seqs = page.eval_on_selector_all(
-        "#timeline > li", "items => items.map(i => Number(i.dataset.seq))"
-    )
+    seqs = timeline_seqs(page)
     assert seqs == list(range(1, len(seqs) + 1)), worker_process.output()
+
+
+def test_earlier_events_and_the_theme_toggle(open_page) -> None:
+    job, held = running()
+    for step in range(1, 26):
+        tick(job, held, step, 25, f"step {step}")
+    page = open_page("viewer", color_scheme="light")
+    page.goto(f"/dashboard/jobs/{job.pk}/")
+    expect(page.locator("#timeline > li")).to_have_count(20)
+    page.get_by_role("button", name="Show earlier events").click()
+    expect(page.locator("#timeline > li")).to_have_count(27)
+    seqs = timeline_seqs(page)
+    assert seqs == list(range(1, 28))
+    expect(page.get_by_role("button", name="Show earlier events")).to_have_count(0)
+    background = "getComputedStyle(document.body).backgroundColor"
+    light = page.evaluate(background)
+    page.click("#theme-toggle")
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    assert page.evaluate(background) != light
+    page.reload()  # the choice is remembered
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")

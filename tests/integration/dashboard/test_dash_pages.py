@@ -8,6 +8,7 @@ import pytest
 from django.test import Client
 
 from dashboard import render, selectors
+from dashboard.detail import job_detail
 from jobs.models import JobEvent
 from jobs.transitions import emit_event
 from tests.integration.dashboard.helpers import (
@@ -66,7 +67,7 @@ def test_summary_pages_escape_job_data(operator_client: Client, hostile_jobs, pa
 
 def test_live_fragments_escape_job_data(hostile_jobs) -> None:
     job, dead = hostile_jobs
-    detail = selectors.job_detail(job.pk)
+    detail = job_detail(job.pk)
     events = list(JobEvent.objects.filter(job=job).order_by("seq"))
     html = render.job_live(detail, "operator", events)
     assert_inert(html)
