@@ -93,14 +93,16 @@ def _remote_post_extension(view: str, operation_id: str, summary: str, body: str
                 return self.target  # already annotated where it is defined
 
             from jobs.api import remote_views
-            from jobs.api.views import _errors
+            from jobs.api.base import error_responses
 
             class Described(self.target):
                 @extend_schema(
                     operation_id=operation_id, summary=summary, tags=["remote workers"],
                     parameters=[parameter],
                     request=getattr(remote_views, body, OpenApiTypes.OBJECT),
-                    responses={200: OpenApiTypes.OBJECT, **_errors(400, 401, 403, 404, 409)},
+                    responses={
+                        200: OpenApiTypes.OBJECT, **error_responses(400, 401, 403, 404, 409)
+                    },
                 )
                 def post(self, request, *args, **kwargs):
                     return super().post(request, *args, **kwargs)

@@ -13,7 +13,7 @@ from typing import Any
 from rest_framework import serializers
 
 from jobs.models import Job, JobEvent
-from jobs.selectors import NUL_MESSAGE, STATES, contains_nul
+from jobs.selectors import STATES, unstorable_text
 
 
 class StrictSerializer(serializers.Serializer):
@@ -124,8 +124,9 @@ class EnqueueSerializer(StrictSerializer):
     idempotency_key = serializers.CharField(required=False, allow_null=True, max_length=255)
 
     def validate_payload(self, value: Any) -> Any:
-        if contains_nul(value):
-            raise serializers.ValidationError(NUL_MESSAGE)
+        reason = unstorable_text(value)
+        if reason:
+            raise serializers.ValidationError(reason)
         return value
 
 

@@ -7,7 +7,7 @@ come first, and ``/jobs/cancel`` and ``/jobs/retry`` (bulk) come before
 
 from django.urls import include, path
 
-from jobs.api import schema, views
+from jobs.api import queue_views, schema, views, worker_views
 
 
 def both(route: str, view, name: str) -> list:
@@ -24,12 +24,12 @@ urlpatterns = [
     *both("jobs/<str:job_id>/events", views.JobEventsView.as_view(), "job-events"),
     *both("jobs/<str:job_id>/cancel", views.JobCancelView.as_view(), "job-cancel"),
     *both("jobs/<str:job_id>/retry", views.JobRetryView.as_view(), "job-retry"),
-    *both("queues", views.QueueListView.as_view(), "queue-list"),
-    *both("queues/<str:name>", views.QueueDetailView.as_view(), "queue-detail"),
-    *both("queues/<str:name>/pause", views.QueuePauseView.as_view(), "queue-pause"),
-    *both("queues/<str:name>/resume", views.QueueResumeView.as_view(), "queue-resume"),
-    *both("workers", views.WorkerListView.as_view(), "worker-list"),
-    *both("workers/<str:worker_id>", views.WorkerDetailView.as_view(), "worker-detail"),
+    *both("queues", queue_views.QueueListView.as_view(), "queue-list"),
+    *both("queues/<str:name>", queue_views.QueueDetailView.as_view(), "queue-detail"),
+    *both("queues/<str:name>/pause", queue_views.QueuePauseView.as_view(), "queue-pause"),
+    *both("queues/<str:name>/resume", queue_views.QueueResumeView.as_view(), "queue-resume"),
+    *both("workers", worker_views.WorkerListView.as_view(), "worker-list"),
+    *both("workers/<str:worker_id>", worker_views.WorkerDetailView.as_view(), "worker-detail"),
     *both("schema", schema.SchemaView.as_view(), "schema"),
     *both("schema/docs", schema.SchemaDocsView.as_view(), "schema-docs"),
 ]

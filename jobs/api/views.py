@@ -1,121 +1,41 @@
-"""REST views of CONTRACT.md: thin wrappers over ``jobs.selectors`` and ``jobs.transitions``.
+"""Job routes of CONTRACT.md: thin views over ``jobs.selectors``, ``jobs.enqueue`` and
+``jobs.transitions``.
 
 Each view names the permission each method needs (``jobs.api.permissions``).
-Methods of the remote-worker protocol that share a path with an operator
-route (``POST /workers``, ``PATCH``/``DELETE /workers/<id>``,
-``POST /jobs/<id>/events``) are handed to ``jobs.api.remote_views``.
+``POST /jobs/<id>/events`` belongs to the remote-worker protocol and is handed
+to ``jobs.api.remote_views``. Queues are in ``queue_views``, workers in
+``worker_views``.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
-from rest_framework.views import APIView
 
 from jobs import selectors
 from jobs.api import actions, remote_views
-from jobs.api.parsers import LimitedJSONParser
-from jobs.api.permissions import ADD, CHANGE, REMOTE, VIEW, MethodPermission
+from jobs.api.base import FILTER_PARAMETERS, JOB_ID, ApiView, error_responses, remote_body
+from jobs.api.permissions import ADD, CHANGE, REMOTE, VIEW
 from jobs.api.serializers import (
     BulkActionSerializer,
     BulkResultSerializer,
     EnqueueSerializer,
-    ErrorSerializer,
     EventPageSerializer,
     JobDetailSerializer,
     JobPageSerializer,
     JobSerializer,
-    QueueSerializer,
     ReasonSerializer,
-    WorkerSerializer,
 )
 from jobs.enqueue import enqueue
 from jobs.models import Job
 from jobs.transitions import cancel_job, retry_job
-
-# --- schema helpers ---------------------------------------------------------------
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    described = {
-        400: "The request is invalid (see 'errors').",
-        401: "Not authenticated.",
-        403: "Authenticated, but without the permission this needs.",
-        404: "No such job, queue or worker.",
-        409: "The job is not in a state that allows this.",
-        413: "The request body is too large.",
-    }
-    return {code: OpenApiResponse(ErrorSerializer, description=described[code]) for code in codes}
-
-
-def _remote_body(name: str) -> Any:
-    """A request serializer of the remote-worker protocol, for the schema only."""
-    return getattr(remote_views, name, OpenApiTypes.OBJECT)
-
-
-JOB_ID = OpenApiParameter("job_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
-WORKER_ID = OpenApiParameter("worker_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
-QUEUE_NAME = OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH)
-FILTER_PARAMETERS = [
-    OpenApiParameter("status", OpenApiTypes.STR, many=True, explode=True,
-                     enum=list(selectors.STATES),
-                     description="One or more states (repeat the key or separate by commas)."),
-    OpenApiParameter("queue", OpenApiTypes.STR, description="One or more queues."),
-    OpenApiParameter("operation", OpenApiTypes.STR, description="One or more operations."),
-    OpenApiParameter("parent", OpenApiTypes.STR,
-                     description="A parent job id, or 'none' for top-level jobs only."),
-    OpenApiParameter("created_after", OpenApiTypes.DATETIME,
-                     description="Created at or after this time."),
-    OpenApiParameter("created_before", OpenApiTypes.DATETIME,
-                     description="Created before this time."),
-    OpenApiParameter("q", OpenApiTypes.STR,
-                     description="Free text over id (or id prefix), operation and error."),
-]
-
-
-# --- base ---------------------------------------------------------------------------
-
-class ApiView(APIView):
-    """JSON in and out, bounded bodies, one permission per method."""
-
-    parser_classes = [LimitedJSONParser]
-    permission_classes = [MethodPermission]
-    required_permissions: dict[str, str] = {}
-
-    @staticmethod
-    def body(request: Request) -> dict[str, Any]:
-        """The JSON body as an object (no body at all reads as ``{}``)."""
-        data = request.data
-        if not isinstance(data, dict):
-            raise ValidationError({"non_field_errors": ["The request body must be a JSON object."]})
-        return data
-
-    @staticmethod
-    def job_id(raw: str) -> uuid.UUID:
-        """The job id of the URL; a value that is not a UUID names no job (404)."""
-        job_id = selectors.parse_uuid(raw)
-        if job_id is None:
-            raise NotFound(f"No job with id {raw!r} exists; job ids are UUIDs.")
-        return job_id
-
-    @classmethod
-    def job_or_404(cls, raw: str) -> Job:
-        job = selectors.job_get(cls.job_id(raw))
-        if job is None:
-            raise NotFound(f"No job with id {raw} exists.")
-        return job
-
-    @staticmethod
-    def actor(request: Request) -> str:
-        return request.user.get_username()
-
 
 # --- jobs ---------------------------------------------------------------------------
 
@@ -132,7 +52,7 @@ class JobListView(ApiView):
                              description=f"Page size, 1 to {selectors.MAX_PAGE_SIZE} "
                                          f"(default {selectors.DEFAULT_PAGE_SIZE})."),
         ],
-        responses={200: JobPageSerializer, **_errors(400, 401, 403)},
+        responses={200: JobPageSerializer, **error_responses(400, 401, 403)},
     )
     def get(self, request: Request) -> Response:
         params = request.query_params
@@ -165,7 +85,7 @@ class JobListView(ApiView):
             "that already exists returns the first job with 200."
         ),
         request=EnqueueSerializer,
-        responses={201: JobSerializer, 200: JobSerializer, **_errors(400, 401, 403, 413)},
+        responses={201: JobSerializer, 200: JobSerializer, **error_responses(400, 401, 403, 413)},
     )
     def post(self, request: Request) -> Response:
         serializer = EnqueueSerializer(data=self.body(request))
@@ -191,7 +111,7 @@ class JobDetailView(ApiView):
         operation_id="jobs_retrieve",
         summary="One job, with its children counted by state",
         parameters=[JOB_ID],
-        responses={200: JobDetailSerializer, **_errors(401, 403, 404)},
+        responses={200: JobDetailSerializer, **error_responses(401, 403, 404)},
     )
     def get(self, request: Request, job_id: str) -> Response:
         job = self.job_or_404(job_id)
@@ -216,7 +136,7 @@ class JobEventsView(ApiView):
                              description=f"At most this many (1 to {selectors.MAX_EVENT_LIMIT}, "
                                          f"default {selectors.DEFAULT_EVENT_LIMIT})."),
         ],
-        responses={200: EventPageSerializer, **_errors(400, 401, 403, 404)},
+        responses={200: EventPageSerializer, **error_responses(400, 401, 403, 404)},
     )
     def get(self, request: Request, job_id: str) -> Response:
         pk = self.job_id(job_id)
@@ -251,8 +171,8 @@ class JobEventsView(ApiView):
         operation_id="jobs_events_create",
         summary="Remote worker: emit an event on a held job",
         parameters=[JOB_ID],
-        request=_remote_body("EventBody"),
-        responses={201: OpenApiTypes.OBJECT, **_errors(400, 401, 403, 404, 409)},
+        request=remote_body("EventBody"),
+        responses={201: OpenApiTypes.OBJECT, **error_responses(400, 401, 403, 404, 409)},
         tags=["remote workers"],
     )
     def post(self, request: Request, job_id: str) -> Response:
@@ -281,7 +201,7 @@ class JobCancelView(ApiView):
         description="Idempotent: a terminal job is returned unchanged.",
         parameters=[JOB_ID],
         request=ReasonSerializer,
-        responses={200: JobSerializer, **_errors(400, 401, 403, 404)},
+        responses={200: JobSerializer, **error_responses(400, 401, 403, 404)},
     )
     def post(self, request: Request, job_id: str) -> Response:
         pk = self.job_id(job_id)
@@ -302,7 +222,7 @@ class JobRetryView(JobCancelView):
         description="409 when the job is neither failed nor cancelled.",
         parameters=[JOB_ID],
         request=ReasonSerializer,
-        responses={200: JobSerializer, **_errors(400, 401, 403, 404, 409)},
+        responses={200: JobSerializer, **error_responses(400, 401, 403, 404, 409)},
     )
     def post(self, request: Request, job_id: str) -> Response:
         pk = self.job_id(job_id)
@@ -333,7 +253,7 @@ class BulkActionView(ApiView):
 
 _BULK_SCHEMA = {
     "request": BulkActionSerializer,
-    "responses": {200: BulkResultSerializer, **_errors(400, 401, 403, 413)},
+    "responses": {200: BulkResultSerializer, **error_responses(400, 401, 403, 413)},
 }
 
 
@@ -353,101 +273,3 @@ class BulkRetryView(BulkActionView):
                    "job matching a filter", **_BULK_SCHEMA)
     def post(self, request: Request) -> Response:
         return super().post(request)
-
-
-# --- queues -------------------------------------------------------------------------
-
-def _queue_json(stats: selectors.QueueStats) -> dict[str, Any]:
-    return QueueSerializer(stats).data
-
-
-class QueueListView(ApiView):
-    required_permissions = {"GET": VIEW}
-
-    @extend_schema(operation_id="queues_list", summary="Every queue with its figures",
-                   responses={200: QueueSerializer(many=True), **_errors(401, 403)})
-    def get(self, request: Request) -> Response:
-        return Response([_queue_json(q) for q in selectors.queue_stats()])
-
-
-class QueueDetailView(ApiView):
-    required_permissions = {"GET": VIEW}
-
-    @extend_schema(operation_id="queues_retrieve", summary="One queue",
-                   parameters=[QUEUE_NAME], responses={200: QueueSerializer, **_errors(401, 403)})
-    def get(self, request: Request, name: str) -> Response:
-        return Response(_queue_json(selectors.queue_detail(_queue_name(name))))
-
-
-def _queue_name(name: str) -> str:
-    if not name.strip() or len(name) > 200:
-        raise ValidationError({"name": ["A queue name is 1 to 200 characters."]})
-    if "\x00" in name:
-        raise ValidationError({"name": [selectors.NUL_MESSAGE]})
-    return name
-
-
-class QueuePauseView(ApiView):
-    required_permissions = {"POST": CHANGE}
-    paused = True
-
-    @extend_schema(operation_id="queues_pause", summary="Stop claiming on a queue",
-                   parameters=[QUEUE_NAME], request=None,
-                   responses={200: QueueSerializer, **_errors(400, 401, 403)})
-    def post(self, request: Request, name: str) -> Response:
-        actions.set_queue_paused(_queue_name(name), self.paused)
-        return Response(_queue_json(selectors.queue_detail(name)))
-
-
-class QueueResumeView(QueuePauseView):
-    paused = False
-
-    @extend_schema(operation_id="queues_resume", summary="Restart claiming on a queue",
-                   parameters=[QUEUE_NAME], request=None,
-                   responses={200: QueueSerializer, **_errors(400, 401, 403)})
-    def post(self, request: Request, name: str) -> Response:
-        return super().post(request, name)
-
-
-# --- workers ------------------------------------------------------------------------
-
-class WorkerListView(ApiView):
-    required_permissions = {"GET": VIEW, "POST": REMOTE}
-
-    @extend_schema(operation_id="workers_list", summary="Every worker with its running jobs",
-                   responses={200: WorkerSerializer(many=True), **_errors(401, 403)})
-    def get(self, request: Request) -> Response:
-        return Response(WorkerSerializer(selectors.worker_list(), many=True).data)
-
-    @extend_schema(operation_id="workers_register", summary="Remote worker: register",
-                   request=_remote_body("RegisterBody"),
-                   responses={201: OpenApiTypes.OBJECT, **_errors(400, 401, 403)},
-                   tags=["remote workers"])
-    def post(self, request: Request) -> Response:
-        return remote_views.register_worker(request)
-
-
-class WorkerDetailView(ApiView):
-    required_permissions = {"GET": VIEW, "PATCH": REMOTE, "DELETE": REMOTE}
-
-    @extend_schema(operation_id="workers_retrieve", summary="One worker", parameters=[WORKER_ID],
-                   responses={200: WorkerSerializer, **_errors(401, 403, 404)})
-    def get(self, request: Request, worker_id: str) -> Response:
-        info = selectors.worker_detail(worker_id)
-        if info is None:
-            raise NotFound(f"No worker with id {worker_id} exists.")
-        return Response(WorkerSerializer(info).data)
-
-    @extend_schema(operation_id="workers_heartbeat", summary="Remote worker: heartbeat",
-                   parameters=[WORKER_ID], request=_remote_body("HeartbeatBody"),
-                   responses={200: OpenApiTypes.OBJECT, **_errors(400, 401, 403, 404)},
-                   tags=["remote workers"])
-    def patch(self, request: Request, worker_id: str) -> Response:
-        return remote_views.heartbeat_worker(request, worker_id)
-
-    @extend_schema(operation_id="workers_disconnect", summary="Remote worker: disconnect",
-                   parameters=[WORKER_ID], request=None,
-                   responses={200: OpenApiTypes.OBJECT, **_errors(401, 403, 404)},
-                   tags=["remote workers"])
-    def delete(self, request: Request, worker_id: str) -> Response:
-        return remote_views.disconnect_worker(request, worker_id)

@@ -130,13 +130,18 @@ def test_trailing_slash_variants_of_item_routes(operator):
         ("POST", "/jobs/cancel", {"queue": "a\u0000"}, "queue"),
         ("POST", "/queues/a%00b/pause", None, "name"),
         ("GET", "/queues/a%00b", None, "name"),
+        ("POST", "/jobs", '{"operation": "fail", "payload": {"message": "\\ud800"}}', "payload"),
+        ("POST", "/jobs", '{"operation": "\\udfff"}', "operation"),
+        ("POST", "/jobs/cancel", '{"queue": ["\\ud800"]}', "queue"),
+        ("POST", "/jobs/retry", '{"q": "\\ud800"}', "q"),
     ],
 )
-def test_null_characters_are_refused_before_they_reach_the_database(
+def test_unstorable_text_is_refused_before_it_reaches_the_database(
     admin, method, path, body, field
 ):
-    """PostgreSQL text and jsonb cannot store NUL: a 400 naming the field, not a 500."""
-    error = assert_error_shape(admin.request(method, path, body), 400)
+    """NUL (PostgreSQL) and lone surrogates (any driver): a 400 naming the field, not a 500."""
+    raw = body if isinstance(body, str) else None
+    error = assert_error_shape(admin.request(method, path, body, raw=raw), 400)
     assert field in error["errors"], error
     assert admin.get("/jobs").status_code == 200  # the transaction is still usable
 

@@ -1,0 +1,96 @@
+"""What every API view shares: the base view, and the schema pieces they describe themselves with.
+
+``ApiView`` gives JSON in and out, bounded bodies and one permission per
+method (``jobs.api.permissions``); its helpers turn a path id into a job or a
+clean 404 and read the body as a JSON object or refuse it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from jobs import selectors
+from jobs.api import remote_views
+from jobs.api.parsers import LimitedJSONParser
+from jobs.api.permissions import MethodPermission
+from jobs.api.serializers import ErrorSerializer
+from jobs.models import Job
+
+
+def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
+    described = {
+        400: "The request is invalid (see 'errors').",
+        401: "Not authenticated.",
+        403: "Authenticated, but without the permission this needs.",
+        404: "No such job, queue or worker.",
+        409: "The job is not in a state that allows this.",
+        413: "The request body is too large.",
+    }
+    return {code: OpenApiResponse(ErrorSerializer, description=described[code]) for code in codes}
+
+
+def remote_body(name: str) -> Any:
+    """A request serializer of the remote-worker protocol, for the schema only."""
+    return getattr(remote_views, name, OpenApiTypes.OBJECT)
+
+
+JOB_ID = OpenApiParameter("job_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+WORKER_ID = OpenApiParameter("worker_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+QUEUE_NAME = OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH)
+FILTER_PARAMETERS = [
+    OpenApiParameter("status", OpenApiTypes.STR, many=True, explode=True,
+                     enum=list(selectors.STATES),
+                     description="One or more states (repeat the key or separate by commas)."),
+    OpenApiParameter("queue", OpenApiTypes.STR, description="One or more queues."),
+    OpenApiParameter("operation", OpenApiTypes.STR, description="One or more operations."),
+    OpenApiParameter("parent", OpenApiTypes.STR,
+                     description="A parent job id, or 'none' for top-level jobs only."),
+    OpenApiParameter("created_after", OpenApiTypes.DATETIME,
+                     description="Created at or after this time."),
+    OpenApiParameter("created_before", OpenApiTypes.DATETIME,
+                     description="Created before this time."),
+    OpenApiParameter("q", OpenApiTypes.STR,
+                     description="Free text over id (or id prefix), operation and error."),
+]
+
+
+class ApiView(APIView):
+    """JSON in and out, bounded bodies, one permission per method."""
+
+    parser_classes = [LimitedJSONParser]
+    permission_classes = [MethodPermission]
+    required_permissions: dict[str, str] = {}
+
+    @staticmethod
+    def body(request: Request) -> dict[str, Any]:
+        """The JSON body as an object (no body at all reads as ``{}``)."""
+        data = request.data
+        if not isinstance(data, dict):
+            raise ValidationError({"non_field_errors": ["The request body must be a JSON object."]})
+        return data
+
+    @staticmethod
+    def job_id(raw: str) -> uuid.UUID:
+        """The job id of the URL; a value that is not a UUID names no job (404)."""
+        job_id = selectors.parse_uuid(raw)
+        if job_id is None:
+            raise NotFound(f"No job with id {raw!r} exists; job ids are UUIDs.")
+        return job_id
+
+    @classmethod
+    def job_or_404(cls, raw: str) -> Job:
+        job = selectors.job_get(cls.job_id(raw))
+        if job is None:
+            raise NotFound(f"No job with id {raw} exists.")
+        return job
+
+    @staticmethod
+    def actor(request: Request) -> str:
+        return request.user.get_username()

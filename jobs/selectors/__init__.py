@@ -1,0 +1,86 @@
+"""Reads for the REST API and the dashboard.
+
+Plain keyword-friendly functions over the ORM, named ``<entity>_<what>``;
+views and templates call these and never build job querysets themselves, so
+every page and endpoint reads the same way and stays on an index:
+
+- ``job_list(filters, cursor, limit)``: newest first, keyset-paginated on
+  ``(created_at, id)`` (the ``job_created_idx`` index), so page 10,000 costs
+  what page 1 costs.
+- ``estimated_count(queryset, cap)``: counts at most ``cap`` rows, never the
+  whole table.
+- ``job_events_after(job_id, after, limit)``: the timeline cursor over the
+  per-job ``seq`` (the unique ``(job, seq)`` index).
+- ``queue_stats()`` / ``queue_detail(name)`` and ``worker_list()`` /
+  ``worker_detail(id)``: the operator overviews.
+
+Filters come in as a ``JobFilters`` value; ``job_filters_from_query`` builds
+one from a query string or a JSON body and names the fields it refuses.
+
+Import from ``jobs.selectors`` itself; the submodules (``filters``, ``jobs``,
+``counts``, ``queues``, ``workers``) are how the code is arranged, not API.
+"""
+
+from jobs.selectors.counts import COUNT_TIMEOUT_MS, CountResult, estimated_count
+from jobs.selectors.filters import (
+    STATES,
+    InvalidFilter,
+    JobFilters,
+    job_filters_from_query,
+    parse_limit,
+    parse_timestamp,
+    parse_uuid,
+    unstorable_text,
+)
+from jobs.selectors.jobs import (
+    DEFAULT_EVENT_LIMIT,
+    DEFAULT_PAGE_SIZE,
+    MAX_EVENT_LIMIT,
+    MAX_PAGE_SIZE,
+    JobCursor,
+    JobPage,
+    after_cursor,
+    job_children_counts,
+    job_count,
+    job_events_after,
+    job_get,
+    job_ids_batches,
+    job_list,
+    job_queryset,
+)
+from jobs.selectors.queues import QueueStats, queue_detail, queue_stats
+from jobs.selectors.workers import WorkerInfo, worker_detail, worker_list
+
+__all__ = [
+    "COUNT_TIMEOUT_MS",
+    "DEFAULT_EVENT_LIMIT",
+    "DEFAULT_PAGE_SIZE",
+    "MAX_EVENT_LIMIT",
+    "MAX_PAGE_SIZE",
+    "STATES",
+    "CountResult",
+    "InvalidFilter",
+    "JobCursor",
+    "JobFilters",
+    "JobPage",
+    "QueueStats",
+    "WorkerInfo",
+    "after_cursor",
+    "estimated_count",
+    "job_children_counts",
+    "job_count",
+    "job_events_after",
+    "job_filters_from_query",
+    "job_get",
+    "job_ids_batches",
+    "job_list",
+    "job_queryset",
+    "parse_limit",
+    "parse_timestamp",
+    "parse_uuid",
+    "queue_detail",
+    "queue_stats",
+    "unstorable_text",
+    "worker_detail",
+    "worker_list",
+]

@@ -1,0 +1,268 @@
+"""Job filters: the ``JobFilters`` value and reading one from a query string or a JSON body.
+
+Shared by the job list, counts and bulk actions (API and dashboard alike), so
+every caller accepts the same spellings and refuses the same mistakes.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from jobs.models import Job
+from jobs.states import Status
+
+STATES: tuple[str, ...] = tuple(s.value for s in Status)
+
+_HEXISH = re.compile(r"^[0-9a-fA-F-]{4,36}$")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable_text(value: Any) -> str | None:
+    """Why a JSON value cannot be stored, or None when it can.
+
+    PostgreSQL text and jsonb hold no NUL character, and no database encodes
+    a lone UTF-16 surrogate (valid JSON such as ``"\\ud800"`` produces one):
+    such input is refused with a message instead of failing in the driver.
+    """
+    if isinstance(value, str):
+        match = _UNSTORABLE.search(value)
+        if match is None:
+            return None
+        if match.group() == "\x00":
+            return "Null characters are not allowed."
+        return "Lone surrogate characters (U+D800 to U+DFFF) are not allowed."
+    if isinstance(value, dict):
+        items = [item for pair in value.items() for item in pair]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return None
+    for item in items:
+        reason = unstorable_text(item)
+        if reason:
+            return reason
+    return None
+
+
+class InvalidFilter(ValueError):
+    """A filter, cursor or limit could not be read; ``errors`` maps fields to messages."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        self.errors = errors
+        super().__init__("The filters are invalid: fix the fields named in 'errors'.")
+
+
+@dataclass(frozen=True)
+class JobFilters:
+    """What a job list, a count or a bulk action is restricted to.
+
+    Each tuple is an OR over its values; the fields AND together.
+    ``top_level`` keeps only jobs without a parent (``parent=none``).
+    """
+
+    status: tuple[str, ...] = ()
+    queue: tuple[str, ...] = ()
+    operation: tuple[str, ...] = ()
+    parent: uuid.UUID | None = None
+    top_level: bool = False
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    q: str = ""
+    ids: tuple[uuid.UUID, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing restricts the jobs: a bulk action needs ``all`` then."""
+        return self == JobFilters()
+
+    def apply(self, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        qs = queryset
+        if self.status:
+            qs = qs.filter(status__in=self.status)
+        if self.queue:
+            qs = qs.filter(queue__in=self.queue)
+        if self.operation:
+            qs = qs.filter(operation__in=self.operation)
+        if self.parent is not None:
+            qs = qs.filter(parent_id=self.parent)
+        if self.top_level:
+            qs = qs.filter(parent__isnull=True)
+        if self.created_after is not None:
+            qs = qs.filter(created_at__gte=self.created_after)
+        if self.created_before is not None:
+            qs = qs.filter(created_at__lt=self.created_before)
+        if self.ids:
+            qs = qs.filter(pk__in=self.ids)
+        if self.q:
+            qs = qs.filter(_text_query(self.q))
+        return qs
+
+
+def _text_query(text: str) -> Q:
+    """Free text over id (whole or prefix), operation, error code and error message."""
+    try:
+        return Q(pk=uuid.UUID(text))
+    except ValueError:
+        pass
+    query = (
+        Q(operation__icontains=text)
+        | Q(error_code__icontains=text)
+        | Q(error_message__icontains=text)
+    )
+    if _HEXISH.match(text):
+        query |= Q(id__istartswith=text)
+    return query
+
+
+def _values(data: Mapping[str, Any], name: str) -> list[Any]:
+    """Every value given for ``name``: repeated query keys, lists, or comma-separated text."""
+    raw: list[Any]
+    getlist = getattr(data, "getlist", None)
+    if getlist is not None:
+        raw = list(getlist(name))
+    else:
+        value = data.get(name)
+        raw = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    out: list[Any] = []
+    for item in raw:
+        if isinstance(item, str):
+            out.extend(part.strip() for part in item.split(",") if part.strip())
+        else:
+            out.append(item)
+    return out
+
+
+def _single(data: Mapping[str, Any], name: str) -> Any:
+    """The one value of ``name`` (the last one of a repeated query key); None when blank."""
+    value = data.get(name)
+    return None if value is None or value == "" else value
+
+
+def parse_uuid(value: Any) -> uuid.UUID | None:
+    """``value`` as a UUID, or None when it is not one (never raises)."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+def parse_timestamp(value: Any) -> datetime | None:
+    """An ISO 8601 timestamp (naive means UTC), or None when it is not one.
+
+    A ``+`` of an offset that arrived unencoded in a query string reads as a
+    space; it is put back.
+    """
+    if isinstance(value, datetime):
+        parsed: datetime | None = value
+    elif isinstance(value, str):
+        text = value.strip()
+        if "T" in text and " " in text:
+            text = text.replace(" ", "+", 1)
+        try:
+            parsed = parse_datetime(text)
+        except ValueError:
+            return None
+    else:
+        return None
+    if parsed is not None and timezone.is_naive(parsed):
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) -> JobFilters:
+    """Read ``JobFilters`` from a query string (a QueryDict) or a JSON object.
+
+    ``status``, ``queue`` and ``operation`` take several values (repeated or
+    comma-separated); ``parent`` takes a job id or ``none``; ``created_after``
+    and ``created_before`` take ISO 8601 timestamps; ``q`` is free text.
+    Raises ``InvalidFilter`` naming each field it could not read.
+    """
+    errors: dict[str, list[str]] = {}
+    statuses = [str(s) for s in _values(data, "status")]
+    unknown = [s for s in statuses if s not in STATES]
+    if unknown:
+        errors["status"] = [
+            f"Unknown status {', '.join(map(repr, unknown))}; use one of {', '.join(STATES)}."
+        ]
+    texts: dict[str, tuple[str, ...]] = {}
+    for name in ("queue", "operation"):
+        values = _values(data, name)
+        if any(not isinstance(v, str) for v in values):
+            errors[name] = [f"'{name}' must be a string or a list of strings."]
+        elif unstorable_text(values):
+            errors[name] = [str(unstorable_text(values))]
+        texts[name] = tuple(str(v) for v in values)
+    parent: uuid.UUID | None = None
+    top_level = False
+    raw_parent = _single(data, "parent")
+    if raw_parent is not None:
+        if isinstance(raw_parent, str) and raw_parent.lower() in {"none", "null"}:
+            top_level = True
+        else:
+            parent = parse_uuid(raw_parent)
+            if parent is None:
+                errors["parent"] = ["'parent' must be a job id (a UUID) or 'none'."]
+    stamps: dict[str, datetime | None] = {}
+    for name in ("created_after", "created_before"):
+        raw = _single(data, name)
+        stamps[name] = parse_timestamp(raw) if raw is not None else None
+        if raw is not None and stamps[name] is None:
+            errors[name] = [f"'{name}' must be an ISO 8601 timestamp."]
+    q = _single(data, "q")
+    if q is not None and not isinstance(q, str):
+        errors["q"] = ["'q' must be a string."]
+        q = None
+    elif q is not None and unstorable_text(q):
+        errors["q"] = [str(unstorable_text(q))]
+        q = None
+    ids: list[uuid.UUID] = []
+    if allow_ids:
+        raw_ids = data.get("ids")
+        if raw_ids is not None:
+            if not isinstance(raw_ids, (list, tuple)):
+                errors["ids"] = ["'ids' must be a list of job ids."]
+            else:
+                ids = [i for i in (parse_uuid(v) for v in raw_ids) if i is not None]
+                if len(ids) != len(raw_ids):
+                    errors["ids"] = ["Every entry of 'ids' must be a job id (a UUID)."]
+                elif not ids:
+                    errors["ids"] = ["'ids' is empty: name at least one job."]
+    if errors:
+        raise InvalidFilter(errors)
+    return JobFilters(
+        status=tuple(dict.fromkeys(statuses)),
+        queue=texts["queue"],
+        operation=texts["operation"],
+        parent=parent,
+        top_level=top_level,
+        created_after=stamps["created_after"],
+        created_before=stamps["created_before"],
+        q=(q or "").strip(),
+        ids=tuple(dict.fromkeys(ids)),
+    )
+
+
+def parse_limit(raw: Any, *, default: int, maximum: int, name: str = "limit") -> int:
+    """A page size from a query value: 1..``maximum``, ``default`` when absent."""
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise InvalidFilter({name: [f"'{name}' must be a whole number."]}) from None
+    if not 1 <= value <= maximum:
+        raise InvalidFilter({name: [f"'{name}' must be from 1 to {maximum}."]})
+    return value

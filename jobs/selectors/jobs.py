@@ -1,0 +1,151 @@
+"""Job reads: the newest-first keyset list, one job, its children and its timeline."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Count, Q, QuerySet
+
+from jobs.models import Job, JobEvent
+from jobs.selectors.counts import CountResult, estimated_count
+from jobs.selectors.filters import STATES, InvalidFilter, JobFilters, parse_timestamp, parse_uuid
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+DEFAULT_EVENT_LIMIT = 500
+MAX_EVENT_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class JobCursor:
+    """Where a page of the newest-first job list ends: the last row's sort key."""
+
+    created_at: datetime
+    id: uuid.UUID
+
+    def encode(self) -> str:
+        raw = f"{self.created_at.isoformat()}|{self.id}".encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, token: str) -> JobCursor:
+        """Read a cursor made by ``encode``; ``InvalidFilter`` if it is not one."""
+        try:
+            padded = token + "=" * (-len(token) % 4)
+            stamp, _, ident = base64.urlsafe_b64decode(padded.encode()).decode().partition("|")
+            created_at = parse_timestamp(stamp)
+            job_id = uuid.UUID(ident)
+        except (ValueError, binascii.Error, UnicodeError):
+            created_at = None
+        if created_at is None:
+            raise InvalidFilter({"cursor": ["The cursor is not valid; start again without it."]})
+        return cls(created_at=created_at, id=job_id)
+
+
+@dataclass(frozen=True)
+class JobPage:
+    results: list[Job]
+    next_cursor: str | None
+
+
+def job_queryset(filters: JobFilters | None = None) -> QuerySet[Job]:
+    """Jobs matching ``filters``, newest first (ties broken by id, descending)."""
+    qs = Job.objects.all()
+    if filters is not None:
+        qs = filters.apply(qs)
+    return qs.order_by("-created_at", "-id")
+
+
+def after_cursor(queryset: QuerySet[Job], cursor: JobCursor) -> QuerySet[Job]:
+    """Rows strictly after ``cursor`` in newest-first order.
+
+    The redundant ``created_at <= c`` is what lets PostgreSQL start the index
+    scan at the cursor instead of filtering every newer row.
+    """
+    return queryset.filter(created_at__lte=cursor.created_at).filter(
+        Q(created_at__lt=cursor.created_at) | Q(id__lt=cursor.id)
+    )
+
+
+def job_list(
+    filters: JobFilters | None = None,
+    cursor: JobCursor | str | None = None,
+    limit: int = DEFAULT_PAGE_SIZE,
+) -> JobPage:
+    """One page of jobs, newest first, and the cursor of the next page (or None)."""
+    if isinstance(cursor, str):
+        cursor = JobCursor.decode(cursor) if cursor else None
+    qs = job_queryset(filters)
+    if cursor is not None:
+        qs = after_cursor(qs, cursor)
+    rows = list(qs[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = JobCursor(rows[-1].created_at, rows[-1].id).encode() if more and rows else None
+    return JobPage(results=rows, next_cursor=next_cursor)
+
+
+def job_ids_batches(
+    filters: JobFilters, *, statuses: Sequence[str] | None = None, batch_size: int = 500
+) -> Iterable[list[uuid.UUID]]:
+    """Ids matching ``filters`` (and ``statuses``), ``batch_size`` at a time, newest first.
+
+    A keyset walk: the caller may change the jobs of one batch (cancel,
+    retry) before asking for the next without skipping or repeating any.
+    """
+    qs = job_queryset(filters)
+    if statuses is not None:
+        qs = qs.filter(status__in=list(statuses))
+    cursor: JobCursor | None = None
+    while True:
+        page = after_cursor(qs, cursor) if cursor else qs
+        rows = list(page.values_list("created_at", "id")[:batch_size])
+        if not rows:
+            return
+        yield [r[1] for r in rows]
+        if len(rows) < batch_size:
+            return
+        cursor = JobCursor(rows[-1][0], rows[-1][1])
+
+
+def job_count(filters: JobFilters | None = None, cap: int | None = None) -> CountResult:
+    """How many jobs match ``filters``, counted up to ``cap`` (see ``estimated_count``)."""
+    return estimated_count(job_queryset(filters), cap)
+
+
+# --- one job -------------------------------------------------------------------
+
+def job_get(job_id: uuid.UUID | str) -> Job | None:
+    """The job, or None when ``job_id`` is not a UUID or names no job."""
+    pk = parse_uuid(job_id) if not isinstance(job_id, uuid.UUID) else job_id
+    if pk is None:
+        return None
+    return Job.objects.filter(pk=pk).first()
+
+
+def job_children_counts(job_id: uuid.UUID) -> dict[str, int]:
+    """Direct children of a job counted by state, every state present (zeros included)."""
+    counts = dict.fromkeys(STATES, 0)
+    children = Job.objects.filter(parent_id=job_id).order_by()
+    rows = children.values_list("status").annotate(n=Count("id"))
+    for status, n in rows:
+        counts[status] = n
+    return counts
+
+
+def job_events_after(
+    job_id: uuid.UUID, after: int = 0, limit: int = DEFAULT_EVENT_LIMIT
+) -> list[JobEvent]:
+    """Events of a job with ``seq > after``, ascending, at most ``limit``.
+
+    A poller that passes the largest seq it has seen never misses or repeats
+    one: seqs are taken under the job's row lock, so they commit in order.
+    """
+    return list(
+        JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit]
+    )
