@@ -1,7 +1,7 @@
 """Fixtures for the remote-worker tests: a real daphne server, real client processes, tokens.
 
 The server (``daphne controlplane.asgi:application`` on a free port) is
-started once per module against the test database; every test still gets a
+started once for the session against the test database; every test still gets a
 clean database (``transactional_db``), so the server only ever sees
 committed rows, as in production.
 """
@@ -18,9 +18,9 @@ import pytest
 from .helpers import CLIENT_APP, ROOT, Proc, Server, start_server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Server]:
-    """One daphne per test module, against the test database."""
+    """One daphne for these tests, against the test database (each test still starts clean)."""
     with django_db_blocker.unblock():
         running = start_server(tmp_path_factory.mktemp("server"))
     yield running
