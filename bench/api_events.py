@@ -5,7 +5,8 @@ Fills a separate database (default ``bench_api``) with ``--jobs`` jobs and
 events by default), then times the events endpoint through Django's test
 client with a real token: the whole stack (URL routing, token auth,
 permission check, the index lookup, JSON rendering) but no socket. Prints
-p50/p95 of each run and the medians over runs.
+p50/p95 of each run and the medians over runs, and the selector's own time
+(the database's share) for comparison.
 
     .venv/bin/python bench/api_events.py                          # 1M jobs, 10M events
     .venv/bin/python bench/api_events.py --jobs 100000 --runs 5   # quicker
@@ -160,6 +161,18 @@ def measure(jobs: int, events: int, runs: int, requests: int) -> None:
             [sample[0], events // 2],
         )
         print("plan:", " / ".join(row[0].strip() for row in cursor.fetchall()))
+
+    # The database's share: the selector alone (one index range scan), no HTTP.
+    from jobs.selectors import job_events_after
+
+    timings = []
+    for n in range(runs * requests):
+        pk = sample[n % len(sample)]
+        t0 = time.perf_counter()
+        job_events_after(pk, rng.randint(0, events), 500)
+        timings.append((time.perf_counter() - t0) * 1000)
+    print(f"{'selector only (no HTTP)':<28} p50 {percentile(timings, 0.5):.2f} ms  "
+          f"p95 {percentile(timings, 0.95):.2f} ms  ({len(timings)} calls)", flush=True)
 
     cases = {
         "after=random": lambda: rng.randint(0, events),
