@@ -59,6 +59,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--refill", action="store_true", help="Rebuild the data even if present.")
     parser.add_argument("--drop", action="store_true", help="Drop the database at the end.")
     parser.add_argument("--json", help="Also write the results to this file.")
+    parser.add_argument("--payload-index", action="store_true",
+                        help="Time with a GIN (jsonb_path_ops) index on jobs_job.payload, "
+                             "created for the run and dropped after it.")
     return parser.parse_args()
 
 
@@ -247,7 +250,10 @@ def pages(ids: dict) -> list[tuple[str, str]]:
         ("jobs, status=failed", "/dashboard/jobs/?status=failed"),
         ("jobs, queue+status", f"/dashboard/jobs/?queue={BACKLOG_QUEUE}&status=queued"),
         ("jobs, payload contains", "/dashboard/jobs/?payload=" + quote('{"account": 42}')),
+        ("  its count (payload)", "/dashboard/jobs/count/?payload=" + quote('{"account": 42}')),
         ("jobs, text search", "/dashboard/jobs/?q=SMTPServer&range=24h"),
+        ("  its count (text)", "/dashboard/jobs/count/?q=SMTPServer&range=24h"),
+        ("jobs count, unfiltered", "/dashboard/jobs/count/"),
         ("job detail (5,000 events)", f"/dashboard/jobs/{ids['running']}/"),
         ("job detail (failed)", f"/dashboard/jobs/{ids['finished']}/"),
         ("job live poll", f"/dashboard/jobs/{ids['running']}/live/?after=5000"),
@@ -290,6 +296,15 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     print(f"Database {args.database}: {args.jobs:,} jobs", flush=True)
     ids = fill(args)
+    if args.payload_index:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE INDEX IF NOT EXISTS bench_payload_gin ON jobs_job "
+                "USING gin (payload jsonb_path_ops)"
+            )
+        print("  with a GIN index on jobs_job.payload", flush=True)
     client = Client()
     client.force_login(ids["user"])
     targets = pages(ids)
@@ -333,6 +348,11 @@ def main() -> None:
                 indent=2,
             )
         )
+    if args.payload_index:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("DROP INDEX IF EXISTS bench_payload_gin")
     if args.drop:
         drop_database(args)
 

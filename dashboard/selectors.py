@@ -25,7 +25,7 @@ from dashboard.db import Count, cap, capped_count, table_estimate
 from dashboard.filters import JobFilters
 from jobs.conf import knob
 from jobs.models import Job, JobEvent, Queue, Worker
-from jobs.selectors import JobCursor, after_cursor
+from jobs.selectors import JobCursor, after_cursor, estimated_count
 from jobs.states import FAILED, QUEUED, RUNNING, SUCCEEDED, Status
 
 STATES: tuple[str, ...] = tuple(s.value for s in Status)
@@ -98,13 +98,22 @@ def job_page(
     )
 
 
-def job_count(filters: JobFilters) -> Count:
-    """How many jobs match: the planner's estimate when unfiltered (PostgreSQL), else capped."""
+def job_count(filters: JobFilters) -> Count | None:
+    """How many jobs match, never by reading the whole table.
+
+    Unfiltered on PostgreSQL: the planner's row estimate. Filtered: counted up
+    to ``COUNT_CAP`` under a one-second limit (``jobs.selectors.estimated_count``);
+    a filter too rare to reach the cap in time (a payload key without an
+    index) falls back to the planner's estimate, or None when there is none.
+    """
     if not filters.active:
         estimate = table_estimate(Job._meta.db_table)
         if estimate is not None and estimate.value > cap():
             return estimate
-    return capped_count(filters.apply(Job.objects.all()))
+    result = estimated_count(filters.apply(Job.objects.all()), cap())
+    if result.value is None:
+        return Count(result.estimate, estimated=True) if result.estimate is not None else None
+    return Count(result.value, capped=result.capped)
 
 
 def job_rows(ids: Iterable[uuid.UUID | str]) -> list[Job]:

@@ -15,6 +15,7 @@ urlpatterns = [
     path("dashboard/queues/", pages.queues, name="queues"),
     path("dashboard/jobs/", jobs.job_list, name="jobs"),
     path("dashboard/jobs/live/", jobs.job_list_live, name="jobs-live"),
+    path("dashboard/jobs/count/", jobs.job_list_count, name="jobs-count"),
     path("dashboard/jobs/bulk/", actions.bulk, name="bulk"),
     path("dashboard/jobs/<uuid:job_id>/", jobs.job_page, name="job"),
     path("dashboard/jobs/<uuid:job_id>/live/", jobs.job_live, name="job-live"),

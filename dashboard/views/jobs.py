@@ -37,7 +37,6 @@ def _list_context(request: HttpRequest) -> dict:
         "page": result,
         "jobs": result.jobs,
         "first_page": not (after or before) or result.prev_cursor is None,
-        "total": selectors.job_count(filters),
         "queue_names": selectors.queue_names(),
         "operation_names": _operation_names(),
         "ranges": list(RANGES),
@@ -73,6 +72,14 @@ def job_list_live(request: HttpRequest) -> HttpResponse:
         if fresh.value:
             html += fragments.new_jobs_banner(fresh.value, filters.querystring(), many=fresh.capped)
     return no_store(HttpResponse(html))
+
+
+@page
+def job_list_count(request: HttpRequest) -> HttpResponse:
+    """The list's count, loaded after the page: a rare filter may take a second to count."""
+    filters = JobFilters.from_query(request.GET)
+    context = {"total": selectors.job_count(filters), "filters": filters, "counted": True}
+    return HttpResponse(render_to_string(f"{fragments.LIST_TEMPLATE}#total", context))
 
 
 def _detail_or_404(job_id: uuid.UUID) -> detail_reads.JobDetail:

@@ -167,8 +167,11 @@ def test_counts_are_capped(operator_client: Client, db, monkeypatch) -> None:
     monkeypatch.setenv("CONTROLPLANE_COUNT_CAP", "3")
     for _ in range(5):
         queued(queue="many")
-    response = operator_client.get("/dashboard/jobs/?queue=many")
+    response = operator_client.get("/dashboard/jobs/count/?queue=many")
     assert str(response.context["total"]) == "3+"
+    assert 'id="job-total"' in response.content.decode() and "3+" in response.content.decode()
+    page = operator_client.get("/dashboard/jobs/?queue=many").content.decode()
+    assert 'hx-get="/dashboard/jobs/count/?queue=many"' in page
     counts = selectors.queue_state_counts(["many"])["many"]
     assert str(counts["queued"]) == "3+" and counts["queued"].capped
     assert str(counts["failed"]) == "0"
