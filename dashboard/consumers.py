@@ -172,7 +172,9 @@ def _job_since(job_id: uuid.UUID, role: str, after: int) -> tuple[str, int]:
     if detail is None:
         return "", after
     events = detail_reads.events_after(job_id, after)
-    return str(render.job_live(detail, role, events)), (events[-1].seq if events else after)
+    if not events:  # every change writes an event: none means the page is current
+        return "", after
+    return str(render.job_live(detail, role, events)), events[-1].seq
 
 
 def _entries_between(job_id: uuid.UUID, after: int, before: int) -> list[tuple[int, str]]:

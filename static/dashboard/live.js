@@ -85,7 +85,7 @@
   }
   function apply(html) {
     if (!html) return;
-    if (editing()) { pending = html; return; } // do not replace a form someone is typing in
+    if (editing()) { pending = (pending || "") + html; return; } // someone is typing: later, in order
     var checked = {};
     rows().forEach(function (r) {
       var box = r.querySelector('input[name="ids"]');

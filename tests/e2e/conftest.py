@@ -1,7 +1,8 @@
 """Browser tests: a real daphne serving the test database, driven by Debian's chromium.
 
 Daphne (not Django's LiveServer) because the pages need WebSockets. One
-daphne and one browser serve the whole package; each test gets fresh
+daphne and one browser serve each test module (module scope, so that
+Playwright's event loop is gone before any async test runs); each test gets fresh
 browser contexts (cookies) and logs in by session cookie, except the login
 test itself. Skipped cleanly where /usr/bin/chromium is missing.
 """
@@ -72,7 +73,7 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 30)
     raise RuntimeError(f"daphne did not answer within {timeout} s:\n{log.read_text()}")
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def server(django_db_setup, tmp_path_factory) -> Iterator[str]:
     """A daphne on a free port serving the test database; its base URL."""
     if not CHROMIUM.exists():
@@ -111,7 +112,7 @@ def server(django_db_setup, tmp_path_factory) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def browser(server):
     from playwright.sync_api import sync_playwright
 

@@ -70,6 +70,23 @@ def test_a_running_jobs_timeline_and_progress_update_without_reload(open_page) -
     assert seqs == [1, 2, 3, 4]
 
 
+def test_live_updates_wait_while_an_operator_types_a_reason(open_page) -> None:
+    job, held = running()
+    page = open_page("operator")
+    page.goto(f"/dashboard/jobs/{job.pk}/")
+    expect(page.locator("#live")).to_have_attribute("data-state", "live")
+    reason = page.locator("#job-head input[name=reason]")
+    reason.fill("half-typed")
+    tick(job, held, 1, 2, "while typing")
+    tick(job, held, 2, 2, "still typing")
+    page.wait_for_timeout(800)  # two relay ticks: the pushes are held, not applied
+    expect(reason).to_have_value("half-typed")
+    page.locator("h2", has_text="Timeline").click()  # focus leaves the form
+    expect(page.locator("#timeline")).to_contain_text("while typing")
+    expect(page.locator("#timeline")).to_contain_text("still typing")
+    assert timeline_seqs(page) == [1, 2, 3, 4]
+
+
 def test_the_timeline_falls_back_to_polling_when_the_socket_cannot_connect(open_page) -> None:
     job, held = running()
     page = open_page("viewer")
