@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
@@ -48,6 +49,7 @@ def overview_context() -> dict[str, Any]:
     capped = {s: any(q.counts[s].capped for q in queues if s in q.counts) for s in selectors.STATES}
     oldest = min((q.oldest_ready for q in queues if q.oldest_ready), default=None)
     return {
+        "jobs_url": reverse("dashboard:jobs"),
         "queues": queues,
         "chart": throughput_chart(minutes),
         "failures": selectors.recent_failures(),
@@ -105,6 +107,7 @@ def workers_context() -> dict[str, Any]:
 
 def queues_context() -> dict[str, Any]:
     return {
+        "jobs_url": reverse("dashboard:jobs"),
         "queues": selectors.queue_rows(),
         "reclaims": selectors.reclaimed_recently(),
         "reclaim_hours": setting("RECLAIM_WINDOW_HOURS"),

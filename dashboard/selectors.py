@@ -276,15 +276,18 @@ def recent_failures(hours: float | None = None, limit: int = 8) -> list[FailureG
         .annotate(n=DbCount("id"), last=Max("finished_at"))
         .order_by("-n", "-last")[:limit]
     ]
-    for group in groups:
-        sample = (
-            base.filter(error_code=group.error_code, operation=group.operation)
-            .order_by("-finished_at")
-            .values_list("id", "error_message")
-            .first()
-        )
-        if sample:
-            group.sample_id, group.sample_message = sample[0], sample[1][:300]
+    # One sample message per group from the latest failures (a backward scan of
+    # the (status, finished_at) index), not one query per group.
+    wanted = {(g.error_code, g.operation): g for g in groups}
+    latest = base.order_by("-finished_at").values_list(
+        "error_code", "operation", "id", "error_message"
+    )
+    for code, op, job_id, message in latest[:500]:
+        group = wanted.pop((code, op), None)
+        if group is not None:
+            group.sample_id, group.sample_message = job_id, message[:300]
+        if not wanted:
+            break
     return groups
 
 
