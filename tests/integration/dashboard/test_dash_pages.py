@@ -114,7 +114,7 @@ def test_job_live_endpoint_sends_only_new_events(operator_client: Client) -> Non
     tick(job, held, 2, 3, "second")
     html = operator_client.get(f"/dashboard/jobs/{job.pk}/live/?after={last}").content.decode()
     assert "second" in html and "first" not in html
-    assert 'id="job-head" class="job-head" hx-swap-oob="true"' in html
+    assert 'id="job-head" class="job-head" data-live-hold hx-swap-oob="true"' in html
     assert (
         operator_client.get(f"/dashboard/jobs/{job.pk}/live/?after={last}")["Cache-Control"]
         == "no-store"
