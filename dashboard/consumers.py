@@ -19,10 +19,12 @@ from django.http import QueryDict
 from django.utils.dateparse import parse_datetime
 
 from dashboard import detail as detail_reads
-from dashboard import render
+from dashboard import render, selectors
+from dashboard.db import capped_count
 from dashboard.filters import JobFilters
 from dashboard.permissions import role_of
 from dashboard.relay import LIST_GROUP, SUMMARY_PAGES, Subscription, job_group, page_group, relay
+from jobs.models import Job
 
 MAX_IDS = 500
 
@@ -34,6 +36,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     cursor: int = 0
     newest = None
     new_ids: set[str]
+    new_base: int = 0  # new jobs counted at subscribe time
 
     async def connect(self) -> None:
         self.role = await database_sync_to_async(role_of)(self.scope.get("user"))
@@ -68,6 +71,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         await relay.add(self.channel_name, sub)
         if sub.page == "job":
             await self._catch_up()
+        elif sub.page == "jobs":
+            await self._catch_up_list(spec.get("rendered_at"))
         await self.send_json({"subscribed": sub.page})
 
     def _parse(self, spec: dict[str, Any]) -> Subscription | None:
@@ -90,6 +95,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                 parse_datetime(str(spec.get("newest") or "")) if spec.get("first_page") else None
             )
             self.new_ids = set()
+            self.new_base = 0
             return Subscription(
                 page="jobs",
                 role=self.role,
@@ -114,6 +120,18 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             self.sub.job_id, self.role, self.cursor
         )
         self.cursor = max(self.cursor, last)
+        if html:
+            await self.send_json({"html": html})
+
+    async def _catch_up_list(self, rendered_at: Any) -> None:
+        """Rows that changed, and new jobs that arrived, since the list was drawn."""
+        assert self.sub is not None
+        since = parse_datetime(str(rendered_at or ""))
+        if since is None:
+            return
+        html, self.new_base = await database_sync_to_async(_list_since)(
+            self.sub, self.role, since, self.newest
+        )
         if html:
             await self.send_json({"html": html})
 
@@ -152,7 +170,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                 ):
                     self.new_ids.add(job["id"])
             if self.new_ids or message["many"]:
-                count = len(self.new_ids)
+                count = self.new_base + len(self.new_ids)
                 parts.append(
                     render.new_jobs_banner(
                         count or 1, filters.querystring(), many=bool(message["many"] and not count)
@@ -180,3 +198,19 @@ def _job_since(job_id: uuid.UUID, role: str, after: int) -> tuple[str, int]:
 def _entries_between(job_id: uuid.UUID, after: int, before: int) -> list[tuple[int, str]]:
     events = [e for e in detail_reads.events_after(job_id, after) if e.seq < before]
     return [(seq, str(html)) for seq, html in render.timeline_entries(events)]
+
+
+def _list_since(sub: Subscription, role: str, since, newest) -> tuple[str, int]:
+    changed = Job.objects.filter(pk__in=list(sub.ids), last_event_at__gt=since).values_list(
+        "pk", flat=True
+    )
+    html = str(render.rows_oob(selectors.job_rows(changed), role)) if sub.ids else ""
+    fresh = 0
+    if newest is not None and sub.filters is not None:
+        count = capped_count(
+            sub.filters.apply(Job.objects.filter(created_at__gt=newest)), limit=999
+        )
+        fresh = count.value
+        if fresh:
+            html += render.new_jobs_banner(fresh, sub.filters.querystring(), many=count.capped)
+    return html, fresh

@@ -90,6 +90,8 @@ class Relay:
     async def add(self, channel_name: str, sub: Subscription) -> None:
         """Register a page; start the task (after reading where the event table ends) if idle."""
         self.subscribers[channel_name] = sub
+        if sub.page in SUMMARY_PAGES:
+            self.rendered_at.pop(sub.page, None)  # a fresh render at the next tick
         if sub.job_id is not None:
             self.job_seq.setdefault(sub.job_id, sub.after)
         if not self.running:

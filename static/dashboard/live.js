@@ -48,7 +48,11 @@
     if (page === "job") return { page: "job", job: el.dataset.job, after: lastSeq() };
     if (page === "jobs") {
       var n = newest();
-      return { page: "jobs", ids: rowIds(), query: el.dataset.query || "", newest: n, first_page: Boolean(n) };
+      var body = document.getElementById("job-rows");
+      return {
+        page: "jobs", ids: rowIds(), query: el.dataset.query || "", newest: n, first_page: Boolean(n),
+        rendered_at: body ? body.dataset.loadedAt || "" : "",
+      };
     }
     return { page: page };
   }
@@ -172,12 +176,13 @@
       attempts = 0;
       stopPolling();
       ws.send(JSON.stringify({ subscribe: subscription() }));
-      setState("live", "Live");
     };
     ws.onmessage = function (event) {
       var data;
       try { data = JSON.parse(event.data); } catch (error) { return; }
-      if (data && typeof data.html === "string") apply(data.html);
+      if (!data) return;
+      if (typeof data.html === "string") apply(data.html);
+      if (data.subscribed) setState("live", "Live"); // after any catch-up it sent
     };
     ws.onclose = function () {
       if (socket === ws) socket = null;

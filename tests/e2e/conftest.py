@@ -167,6 +167,13 @@ def open_page(browser, server, transactional_db) -> Iterator[Callable[..., objec
         page.set_default_timeout(10_000)
         page.script_errors = []  # type: ignore[attr-defined]
         page.on("pageerror", lambda error: page.script_errors.append(str(error)))
+        # Console errors include Content-Security-Policy refusals: a page must cause none.
+        page.on(
+            "console",
+            lambda msg: msg.type == "error"
+            and "WebSocket" not in msg.text
+            and page.script_errors.append(msg.text),
+        )
         page.on("dialog", lambda dialog: dialog.accept())
         pages.append(page)
         return page

@@ -190,3 +190,29 @@ async def test_unknown_subscriptions_are_answered_with_an_error(sockets) -> None
     assert "error" in await comm.receive_json_from(timeout=5)
     await comm.send_json_to({"hello": 1})
     assert "error" in await comm.receive_json_from(timeout=5)
+
+
+async def test_the_job_list_catches_up_on_subscribe(sockets) -> None:
+    from django.utils import timezone
+
+    operator = await db(make_user)("operator")
+    shown = await db(queued)(queue="drawn")
+    rendered_at = timezone.now().isoformat()
+    await db(cancel_job)(shown.pk)  # between the page's render and its subscription
+    await db(queued)(queue="drawn")
+    comm, _, _ = await sockets(operator)
+    await comm.send_json_to(
+        {
+            "subscribe": {
+                "page": "jobs",
+                "ids": [str(shown.pk)],
+                "query": "queue=drawn",
+                "newest": shown.created_at.isoformat(),
+                "first_page": True,
+                "rendered_at": rendered_at,
+            }
+        }
+    )
+    message = await receive_until(comm, html_with(f'id="job-{shown.pk}"'))
+    assert "state-cancelled" in message["html"] and "1 new job matches" in message["html"]
+    assert (await comm.receive_json_from(timeout=5)) == {"subscribed": "jobs"}
