@@ -95,10 +95,10 @@ class Relay:
         if sub.job_id is not None:
             self.job_seq.setdefault(sub.job_id, sub.after)
         if not self.running:
-            self.last_id = await database_sync_to_async(_max_event_id)()
-            self.floor = self.last_id  # pages catch up on older events themselves
-            self.seen.clear()
-            if not self.running and self.subscribers:
+            end = await database_sync_to_async(_max_event_id)()
+            if not self.running and self.subscribers:  # nobody started it meanwhile
+                self.last_id = self.floor = end  # pages catch up on older events themselves
+                self.seen.clear()
                 self.starts += 1
                 self.task = asyncio.get_running_loop().create_task(
                     self._run(), name="dashboard-relay"
