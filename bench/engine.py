@@ -1,0 +1,573 @@
+"""Speed of the job engine on PostgreSQL, beside Procrastinate and PGQueuer.
+
+    .venv/bin/python bench/engine.py [--jobs N] [--runs 3] [--peers] [--big 1000000]
+
+Each run measures, on a fresh job table: enqueue rate (one job per
+``enqueue`` call, and ``enqueue_many`` in chunks of 1,000), drain rate of
+no-op ``ping`` jobs with 1, 2 and 4 real ``runworker`` processes (first
+``job.started`` to last ``job.succeeded``, from the job events), and pickup
+latency (``Job.created_at`` to the ``job.started`` event) with one idle
+worker woken by NOTIFY. ``--peers`` runs the same protocol on Procrastinate
+and PGQueuer in the same run and prints our figures as ratios to theirs.
+``--big`` then fills the table with finished and future-scheduled jobs and
+shows the claim (and completion) plans and the drain rate beside them.
+
+See bench/README.md for how to read the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+from peers import (  # noqa: E402
+    BACKENDS_SQL,
+    DRIVER_NAME,
+    LOG_DIR,
+    QueueSystem,
+    WorkerGroup,
+    dsn_for,
+    ensure_database,
+    median,
+    percentile,
+    python,
+)
+
+QUEUE = "bench"
+TARGETS = {
+    "drain_2": ("drain, 2 processes", ">=", 3000.0),
+    "enqueue_bulk": ("bulk enqueue", ">=", 20000.0),
+    "pickup_p50": ("pickup p50 (ms)", "<", 5.0),
+    "pickup_p95": ("pickup p95 (ms)", "<", 10.0),
+}
+
+
+# --- our engine --------------------------------------------------------------------
+
+
+class EngineSystem(QueueSystem):
+    """Our control plane: Django in this process, ``manage.py runworker`` for workers."""
+
+    def __init__(self, project: Path, database: str, concurrency: int) -> None:
+        self.name = f"engine k{concurrency}"
+        self.concurrency = concurrency
+        self.cwd = project
+        self.database = database
+        self.url = dsn_for(database).replace("postgresql://", "postgres://", 1)
+
+    def setup(self) -> None:
+        ensure_database(self.database)
+        os.environ["DATABASE_URL"] = self.url
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+        subprocess.run(
+            [python(), "manage.py", "migrate", "--no-input", "-v", "0"],
+            cwd=self.cwd,
+            check=True,
+            env={**os.environ},
+        )
+        sys.path.insert(0, str(self.cwd))
+        import django
+
+        django.setup()
+        from django.db import connection
+
+        connection.close()
+        connection.settings_dict["OPTIONS"]["application_name"] = DRIVER_NAME
+
+    # Plain SQL helpers on Django's connection (autocommit).
+    def sql(self, statement: str, params: list | None = None) -> list[tuple]:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params or [])
+            return cursor.fetchall() if cursor.description else []
+
+    def reset(self) -> None:
+        self.sql(
+            "TRUNCATE jobs_jobevent, jobs_batchreceipt, jobs_batchmessage, jobs_job CASCADE; "
+            "DELETE FROM jobs_worker; DELETE FROM jobs_queue WHERE name = %s",
+            [QUEUE],
+        )
+
+    def enqueue_single(self, n: int) -> None:
+        from jobs.enqueue import enqueue
+
+        for _ in range(n):
+            enqueue("ping", {}, queue=QUEUE)
+
+    def enqueue_bulk(self, n: int, chunk: int = 1000) -> None:
+        from jobs.enqueue import JobSpec, enqueue_many
+
+        for start in range(0, n, chunk):
+            enqueue_many([JobSpec("ping", {}, queue=QUEUE) for _ in range(min(chunk, n - start))])
+
+    def enqueue_for_drain(self, n: int) -> None:
+        from django.db import transaction
+
+        with transaction.atomic():
+            self.enqueue_bulk(n)
+
+    def worker_argvs(self, processes: int, concurrency: int, poll: float) -> list[list[str]]:
+        argv = [
+            python(),
+            "manage.py",
+            "runworker",
+            "--queue",
+            QUEUE,
+            "--concurrency",
+            str(concurrency),
+        ]
+        if processes > 1:
+            argv += ["--processes", str(processes)]
+        return [argv]
+
+    def worker_env(self, poll: float) -> dict[str, str]:
+        return {
+            "DATABASE_URL": self.url,
+            "CONTROLPLANE_POLL_SECONDS": str(poll),
+        }
+
+    def workers_ready(self, group: WorkerGroup, processes: int) -> bool:
+        return self.sql("SELECT count(*) FROM jobs_worker")[0][0] >= processes
+
+    def backend_pids(self) -> list[int]:
+        return [r[0] for r in self.sql(BACKENDS_SQL)]
+
+    def succeeded_count(self) -> int:
+        return self.sql("SELECT count(*) FROM jobs_jobevent WHERE event = 'job.succeeded'")[0][0]
+
+    def drain_window(self):
+        count, first, last, started = self.sql(
+            "SELECT count(*) FILTER (WHERE event = 'job.succeeded'), "
+            "min(ts) FILTER (WHERE event = 'job.started'), "
+            "max(ts) FILTER (WHERE event = 'job.succeeded'), "
+            "count(*) FILTER (WHERE event = 'job.started') FROM jobs_jobevent"
+        )[0]
+        if started != count:
+            raise RuntimeError(f"engine: {started} job.started events for {count} job.succeeded")
+        return count, first, last
+
+    def drain_extra(self) -> dict[str, float]:
+        jobs, claims = self.sql(
+            "SELECT count(*), count(DISTINCT (worker_id, started_at)) FROM jobs_job "
+            "WHERE status = 'succeeded' AND worker_id IS NOT NULL"
+        )[0]
+        return {"jobs per claim": jobs / claims if claims else float("nan")}
+
+    def enqueue_one(self) -> object:
+        from jobs.enqueue import enqueue
+
+        job = enqueue("ping", {}, queue=QUEUE)
+        return job.id, job.created_at
+
+    def started_latency(self, handle: object) -> float | None:
+        job_id, created_at = handle
+        rows = self.sql(
+            "SELECT ts FROM jobs_jobevent WHERE job_id = %s AND event = 'job.started'", [job_id]
+        )
+        return (rows[0][0] - created_at).total_seconds() if rows else None
+
+    def finished(self, handle: object) -> bool:
+        return bool(
+            self.sql("SELECT 1 FROM jobs_job WHERE id = %s AND status = 'succeeded'", [handle[0]])
+        )
+
+
+# --- one run -------------------------------------------------------------------------
+
+
+def run_system(
+    system: QueueSystem, args, results: dict[str, list[float]], *, process_counts, jobs: int
+) -> None:
+    """One run of the whole protocol on ``system``; appends each figure to ``results``."""
+
+    def record(key: str, value: float) -> None:
+        results.setdefault(key, []).append(value)
+
+    def say(text: str) -> None:
+        print(f"  [{system.name}] {text}", flush=True)
+
+    system.reset()
+    singles = min(args.single, jobs)
+    seconds = system.timed(system.enqueue_single, singles)
+    record("enqueue_single", singles / seconds)
+    seconds = system.timed(system.enqueue_bulk, jobs)
+    record("enqueue_bulk", jobs / seconds)
+    say(
+        f"enqueue: single {results['enqueue_single'][-1]:,.0f}/s, "
+        f"bulk {results['enqueue_bulk'][-1]:,.0f}/s"
+    )
+
+    for processes in process_counts:
+        if processes == 1:
+            drain = system.drain_prequeued(singles + jobs, 1, system.concurrency, args.poll)
+        else:
+            system.reset()
+            drain, seconds = system.drain_live(jobs, processes, system.concurrency, args.poll)
+            record("enqueue_bulk_1tx", jobs / seconds)
+        record(f"drain_{processes}", drain.rate)
+        extra = "".join(f", {k} {v:.2f}" for k, v in drain.extra.items())
+        say(
+            f"drain with {processes} process(es): {drain.jobs} jobs in {drain.seconds:.2f} s = "
+            f"{drain.rate:,.0f}/s{extra}"
+        )
+        for key, value in drain.extra.items():
+            record(f"drain_{processes} {key}", value)
+
+    system.reset()
+    latencies = system.pickup(args.pickup_samples, system.concurrency, args.pickup_poll)
+    record("pickup_p50", percentile(latencies, 50))
+    record("pickup_p95", percentile(latencies, 95))
+    say(
+        f"pickup: p50 {percentile(latencies, 50):.1f} ms, p95 {percentile(latencies, 95):.1f} ms "
+        f"({len(latencies)} samples)"
+    )
+
+
+# --- the claim on a big table ----------------------------------------------------------
+
+
+def fill_big(engine: EngineSystem, finished: int, scheduled: int) -> None:
+    engine.reset()
+    engine.sql(
+        "INSERT INTO jobs_job (id, operation, queue, payload, status, priority, run_after, "
+        "attempts, max_attempts, lease_requeues, progress_current, error_code, error_message, "
+        "created_at, started_at, finished_at, last_event_seq, last_event_at, result) "
+        "SELECT gen_random_uuid(), 'ping', %s, '{}', 'succeeded', 0, t, 1, 1, 0, 0, '', '', "
+        "t, t, t, 3, t, '{\"pong\": true}' "
+        "FROM (SELECT now() - interval '3 days' + g * interval '100 ms' AS t "
+        "FROM generate_series(1, %s) g) s",
+        [QUEUE, finished],
+    )
+    # Future jobs at priorities -1, 0 and 1: the higher ones sit ahead of today's
+    # priority-0 jobs in claim order, and must not be walked through.
+    engine.sql(
+        "INSERT INTO jobs_job (id, operation, queue, payload, status, priority, run_after, "
+        "attempts, max_attempts, lease_requeues, progress_current, error_code, error_message, "
+        "created_at, last_event_seq, last_event_at) "
+        "SELECT gen_random_uuid(), 'ping', %s, '{}', 'queued', (g %% 3) - 1, "
+        "now() + interval '1 day' + g * interval '1 s', 0, 1, 0, 0, '', '', now(), 1, now() "
+        "FROM generate_series(1, %s) g",
+        [QUEUE, scheduled],
+    )
+    engine.sql("ANALYZE jobs_job")
+
+
+class _Rollback(Exception):
+    pass
+
+
+def explain_inside(what: str, matches, action) -> dict:
+    """Run ``action``, rolled back; EXPLAIN ANALYZE the first statement that ``matches``.
+
+    The statement is explained exactly as the engine sends it (same SQL, same
+    parameters, same session settings), then sent again for real so the
+    engine's code carries on as usual.
+    """
+    from django.db import connection, transaction
+
+    plans: list[dict] = []
+
+    def wrapper(execute, sql, params, many, context):
+        if not many and not plans and matches(sql):
+            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params, many, context)
+            raw = context["cursor"].fetchone()[0]
+            plans.append((json.loads(raw) if isinstance(raw, str) else raw)[0])
+        return execute(sql, params, many, context)
+
+    try:
+        with transaction.atomic(), connection.execute_wrapper(wrapper):
+            action()
+            raise _Rollback
+    except _Rollback:
+        pass
+    if not plans:
+        raise RuntimeError(f"No {what} statement was sent.")
+    return plans[0]
+
+
+def print_plan(title: str, plan: dict) -> list[dict]:
+    print(
+        f"  {title}: planning {plan['Planning Time']:.2f} ms, "
+        f"execution {plan['Execution Time']:.2f} ms"
+    )
+    nodes: list[dict] = []
+
+    def walk(node: dict, depth: int) -> None:
+        nodes.append(node)
+        where = ""
+        if node.get("Relation Name"):
+            where += f" on {node['Relation Name']}"
+        if node.get("Index Name"):
+            where += f" using {node['Index Name']}"
+        cond = node.get("Index Cond") or node.get("Hash Cond") or node.get("Recheck Cond") or ""
+        print(
+            f"    {'  ' * depth}{node['Node Type']}{where}  rows={node.get('Actual Rows')}"
+            f" loops={node.get('Actual Loops')} time={node.get('Actual Total Time', 0):.2f} ms"
+            f" buffers={node.get('Shared Hit Blocks', 0) + node.get('Shared Read Blocks', 0)}"
+            + (f"  [{cond}]" if cond else "")
+        )
+        for child in node.get("Plans", []):
+            walk(child, depth + 1)
+
+    walk(plan["Plan"], 0)
+    return nodes
+
+
+def claim_plan_check(limit: int, title: str) -> bool:
+    """Print the claim's plan; True when jobs_job is picked only through job_claimable_idx."""
+    from jobs.claims import claim_jobs
+
+    plan = explain_inside(
+        "claim",
+        lambda sql: "SKIP LOCKED" in sql and "'running'" in sql,
+        lambda: claim_jobs(queues=[QUEUE], worker_id=uuid.uuid4(), limit=limit, lease_seconds=30),
+    )
+    nodes = print_plan(title, plan)
+    scans = [n for n in nodes if n.get("Relation Name") == "jobs_job"]
+    pick = [n for n in scans if n.get("Index Name") == "job_claimable_idx"]
+    bad = [n for n in scans if n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan")]
+    ok = bool(pick) and not bad and all(n["Node Type"] == "Index Scan" for n in pick)
+    verdict = (
+        "an index range scan over claimable rows"
+        if ok
+        else "NOT an index range scan on job_claimable_idx"
+    )
+    print(f"    -> the claim is {verdict}")
+    return ok
+
+
+def completion_plan_check(count: int, title: str) -> bool:
+    """Print complete_jobs' plan for ``count`` claimed jobs; True when it probes by primary key."""
+    from jobs.claims import Completion, claim_jobs, complete_jobs
+
+    def action() -> None:
+        jobs = claim_jobs(queues=[QUEUE], worker_id=uuid.uuid4(), limit=count, lease_seconds=30)
+        complete_jobs([Completion(j.id, j.lease_token, {"pong": True}, None, 0) for j in jobs])
+
+    nodes = print_plan(
+        title,
+        explain_inside(
+            "completion",
+            lambda sql: "UPDATE jobs_job" in sql and "lease_token = NULL" in sql,
+            action,
+        ),
+    )
+    scans = [n for n in nodes if n.get("Relation Name") == "jobs_job" and "Scan" in n["Node Type"]]
+    ok = bool(scans) and all(n.get("Index Name") == "jobs_job_pkey" for n in scans)
+    print(
+        "    -> the completion "
+        + ("probes jobs_job by primary key" if ok else "does NOT probe by primary key alone")
+    )
+    return ok
+
+
+def big_check(engine: EngineSystem, args, clean_drain_2: float | None) -> None:
+    print(
+        f"\n== Claim on a big table: {args.big:,} finished + "
+        f"{args.big // 10:,} future-scheduled jobs =="
+    )
+    started = time.perf_counter()
+    fill_big(engine, args.big, args.big // 10)
+    print(f"  filled and analysed in {time.perf_counter() - started:.1f} s")
+    engine.enqueue_bulk(args.jobs)
+    k = engine.concurrency
+    claim_ok = claim_plan_check(k, f"claim of {k}, {args.jobs:,} claimable")
+    completion_ok = completion_plan_check(k, f"completion of {k}")
+    engine.sql("DELETE FROM jobs_jobevent")
+    engine.sql("DELETE FROM jobs_job WHERE status = 'queued' AND run_after <= now()")
+    drain, _ = engine.drain_live(args.jobs, 2, k, args.poll)
+    ratio = f" = {drain.rate / clean_drain_2:.2f}x the clean-table median" if clean_drain_2 else ""
+    print(
+        f"  drain with 2 processes beside them: {drain.jobs:,} jobs in {drain.seconds:.2f} s = "
+        f"{drain.rate:,.0f}/s{ratio}"
+        + "".join(f", {key} {value:.2f}" for key, value in drain.extra.items())
+    )
+    engine.enqueue_bulk(k * 4)
+    claim_ok &= claim_plan_check(k, "claim after the drain, dead rows not vacuumed")
+    completion_ok &= completion_plan_check(k, "completion after the drain, dead rows not vacuumed")
+    live, dead = engine.sql(
+        "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs_job'"
+    )[0]
+    print(
+        f"  jobs_job: {live:,} live and {dead:,} dead tuples; "
+        f"autovacuum {engine.sql('SHOW autovacuum')[0][0]}"
+    )
+    print(f"  claim plan check: {'PASS' if claim_ok else 'FAIL'}")
+    print(
+        "  completion plan check: "
+        + ("PASS" if completion_ok else "WARN: not by primary key (reads every running job)")
+    )
+
+
+# --- report -------------------------------------------------------------------------------
+
+ROWS = [
+    ("enqueue_single", "enqueue, one per call (jobs/s)", True),
+    ("enqueue_bulk", "enqueue, bulk x1000 (jobs/s)", True),
+    ("enqueue_bulk_1tx", "enqueue, bulk x1000 in 1 tx (jobs/s)", True),
+    ("drain_1", "drain, 1 process (jobs/s)", True),
+    ("drain_2", "drain, 2 processes (jobs/s)", True),
+    ("drain_4", "drain, 4 processes (jobs/s)", True),
+    ("drain_1 cpu ms/job", "CPU per job, 1 process (ms)", False),
+    ("drain_2 cpu ms/job", "CPU per job, 2 processes (ms)", False),
+    ("pickup_p50", "pickup p50 (ms)", False),
+    ("pickup_p95", "pickup p95 (ms)", False),
+]
+
+
+def fmt(value: float | None, higher: bool) -> str:
+    if value is None or value != value:
+        return "-"
+    return f"{value:,.0f}" if higher else f"{value:.2f}"
+
+
+def report(all_results: dict[str, dict[str, list[float]]], ours: list[str]) -> None:
+    names = list(all_results)
+    peers = [n for n in names if n not in ours]
+    pairs = [(o, p) for o in ours for p in peers]
+    print("\n== Medians over the runs ==")
+    header = f"  {'metric':34}" + "".join(f"{n:>15}" for n in names)
+    header += "".join(f"{o.split()[-1] + '/' + p[:5]:>12}" for o, p in pairs)
+    print(header)
+    for key, label, higher in ROWS:
+        if not any(key in r for r in all_results.values()):
+            continue
+        line = f"  {label:34}"
+        for name in names:
+            line += f"{fmt(median(all_results[name].get(key, [])), higher):>15}"
+        for o, p in pairs:
+            theirs = median(all_results[p].get(key, []))
+            mine = median(all_results[o].get(key, []))
+            ratio = mine / theirs if theirs == theirs and theirs and mine == mine else float("nan")
+            line += f"{'-' if ratio != ratio else f'{ratio:.2f}x':>12}"
+        print(line)
+    print(
+        "  (ratios are ours / theirs: above 1 is better for rates, below 1 for latencies and CPU;"
+    )
+    print("   CPU per job counts the worker processes and their PostgreSQL backends)")
+    for name in names:
+        print(f"\n  all runs, {name}:")
+        for key, values in all_results[name].items():
+            print(
+                f"    {key:32} "
+                + ", ".join(f"{v:,.2f}" if v < 100 else f"{v:,.0f}" for v in values)
+            )
+
+    print("\n== Targets ==")
+    for name in ours:
+        mine = all_results[name]
+        for key, (label, op, goal) in TARGETS.items():
+            value = median(mine.get(key, []))
+            ok = value >= goal if op == ">=" else value < goal
+            print(
+                f"  {name:10} {label:26} {fmt(value, op == '>='):>10} {op} {goal:,.0f}  "
+                + ("PASS" if ok else "FAIL")
+            )
+        if "pgqueuer" in all_results:
+            value = median(mine.get("drain_2", [])) / median(
+                all_results["pgqueuer"].get("drain_2", [float("nan")])
+            )
+            print(
+                f"  {name:10} {'drain 2 proc / PGQueuer':26} {value:>10.2f} >= 1.5  "
+                + ("PASS" if value >= 1.5 else "FAIL")
+            )
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (default 20,000)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--peers", action="store_true", help="also run Procrastinate and PGQueuer")
+    parser.add_argument(
+        "--big",
+        type=int,
+        default=1_000_000,
+        help="finished jobs for the big-table claim check (0 skips it)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        default="8,32",
+        help="jobs at once per worker process (runworker --concurrency); "
+        "a comma list measures our engine at each",
+    )
+    parser.add_argument("--processes", default="1,2,4", help="drains to run, by process count")
+    parser.add_argument("--single", type=int, default=1000, help="jobs enqueued one per call")
+    parser.add_argument("--pickup-samples", type=int, default=200)
+    parser.add_argument(
+        "--poll", type=float, default=2.0, help="worker poll interval during drains"
+    )
+    parser.add_argument(
+        "--pickup-poll",
+        type=float,
+        default=5.0,
+        help="worker poll interval during the pickup test (NOTIFY must wake it)",
+    )
+    parser.add_argument(
+        "--slow-peer-jobs",
+        type=int,
+        default=5000,
+        help="jobs per drain for Procrastinate (it drains at a few hundred per second)",
+    )
+    parser.add_argument(
+        "--project",
+        type=Path,
+        default=BENCH_DIR.parent,
+        help="the project to measure (a scratch copy for A/B runs)",
+    )
+    parser.add_argument("--database", default="bench_engine")
+    args = parser.parse_args()
+    process_counts = [int(p) for p in args.processes.split(",") if p.strip()]
+    ks = [int(k) for k in args.concurrency.split(",") if k.strip()]
+
+    engines = [EngineSystem(args.project.resolve(), args.database, k) for k in ks]
+    engines[0].setup()
+    systems: list[tuple[QueueSystem, int, list[int]]] = [
+        (e, args.jobs, process_counts) for e in engines
+    ]
+    if args.peers:
+        from peers.pgqueuer_peer import PGQueuerSystem
+        from peers.procrastinate_peer import ProcrastinateSystem
+
+        peer_counts = [p for p in process_counts if p <= 2]
+        for peer, jobs in (
+            (PGQueuerSystem(), args.jobs),
+            (ProcrastinateSystem(ks[0]), args.slow_peer_jobs),
+        ):
+            peer.setup()
+            systems.append((peer, jobs, peer_counts))
+
+    server = engines[0].sql("SELECT version()")[0][0].split(" on ")[0]
+    print(
+        f"{server}; {os.cpu_count()} CPUs; {args.jobs:,} jobs per drain, {args.runs} run(s); "
+        f"our worker concurrency {args.concurrency}; worker logs in {LOG_DIR}"
+    )
+    results: dict[str, dict[str, list[float]]] = {s.name: {} for s, _, _ in systems}
+    for run in range(1, args.runs + 1):
+        print(f"\n== Run {run}/{args.runs} ==", flush=True)
+        for system, jobs, counts in systems:
+            run_system(system, args, results[system.name], process_counts=counts, jobs=jobs)
+    report(results, [e.name for e in engines])
+    if args.big:
+        engine = max(engines, key=lambda e: e.concurrency)
+        big_check(engine, args, median(results[engine.name].get("drain_2", [])) or None)
+    for system, _, _ in systems[len(engines) :]:
+        system.close()
+
+
+if __name__ == "__main__":
+    main()
