@@ -30,9 +30,11 @@ def dsn_for(database: str) -> str:
     return f"{base}/{database}"
 
 
-def ensure_database(name: str) -> None:
-    """Create ``name`` on the benchmark server unless it exists."""
+def ensure_database(name: str, *, fresh: bool = False) -> None:
+    """Create ``name`` on the benchmark server unless it exists (``fresh``: drop it first)."""
     with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        if fresh:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
         if not found:
             conn.execute(f'CREATE DATABASE "{name}"')
@@ -218,19 +220,6 @@ class QueueSystem:
         started = time.perf_counter()
         fn(*args)
         return time.perf_counter() - started
-
-    def drain_prequeued(
-        self, expected: int, processes: int, concurrency: int, poll: float
-    ) -> DrainResult:
-        """Jobs are already queued; start workers and time first start to last success."""
-        group = self.start_workers(processes, concurrency, poll)
-        try:
-            before = group.cpu(self.backend_pids())
-            self.wait_succeeded(expected, group)
-            after = group.cpu(self.backend_pids())
-        finally:
-            group.stop()
-        return self._result(before, after)
 
     def drain_live(
         self, n: int, processes: int, concurrency: int, poll: float
