@@ -32,8 +32,11 @@ sys.path.insert(0, str(ROOT))
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", default="postgres://postgres@127.0.0.1:5432/postgres",
-                        help="A database URL on the PostgreSQL server (for CREATE DATABASE).")
+    parser.add_argument(
+        "--server",
+        default="postgres://postgres@127.0.0.1:5432/postgres",
+        help="A database URL on the PostgreSQL server (for CREATE DATABASE).",
+    )
     parser.add_argument("--database", default="bench_api", help="The database to fill (created).")
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--events-per-job", type=int, default=10)
@@ -120,8 +123,10 @@ def fill(jobs: int, events: int, chunk: int, refill: bool) -> None:
             cursor.execute(JOBS_SQL, params)
             cursor.execute(EVENTS_SQL, params)
             elapsed = time.monotonic() - started
-            print(f"  {stop:>10,} / {jobs:,} jobs  ({stop * events:,} events, {elapsed:,.0f} s)",
-                  flush=True)
+            print(
+                f"  {stop:>10,} / {jobs:,} jobs  ({stop * events:,} events, {elapsed:,.0f} s)",
+                flush=True,
+            )
         print("  analyze", flush=True)
         cursor.execute("ANALYZE jobs_job")
         cursor.execute("ANALYZE jobs_jobevent")
@@ -171,8 +176,11 @@ def measure(jobs: int, events: int, runs: int, requests: int) -> None:
         t0 = time.perf_counter()
         job_events_after(pk, rng.randint(0, events), 500)
         timings.append((time.perf_counter() - t0) * 1000)
-    print(f"{'selector only (no HTTP)':<28} p50 {percentile(timings, 0.5):.2f} ms  "
-          f"p95 {percentile(timings, 0.95):.2f} ms  ({len(timings)} calls)", flush=True)
+    print(
+        f"{'selector only (no HTTP)':<28} p50 {percentile(timings, 0.5):.2f} ms  "
+        f"p95 {percentile(timings, 0.95):.2f} ms  ({len(timings)} calls)",
+        flush=True,
+    )
 
     cases = {
         "after=random": lambda: rng.randint(0, events),
@@ -194,10 +202,15 @@ def measure(jobs: int, events: int, runs: int, requests: int) -> None:
                 assert response.status_code == 200, response.content[:300]
             p50s.append(percentile(timings, 0.50))
             p95s.append(percentile(timings, 0.95))
-            print(f"  {label:<26} run {run + 1}: p50 {p50s[-1]:.2f} ms  p95 {p95s[-1]:.2f} ms",
-                  flush=True)
-        print(f"{label:<28} median of {runs} runs: p50 {statistics.median(p50s):.2f} ms  "
-              f"p95 {statistics.median(p95s):.2f} ms  ({requests} requests per run)", flush=True)
+            print(
+                f"  {label:<26} run {run + 1}: p50 {p50s[-1]:.2f} ms  p95 {p95s[-1]:.2f} ms",
+                flush=True,
+            )
+        print(
+            f"{label:<28} median of {runs} runs: p50 {statistics.median(p50s):.2f} ms  "
+            f"p95 {statistics.median(p95s):.2f} ms  ({requests} requests per run)",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -59,9 +59,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--refill", action="store_true", help="Rebuild the data even if present.")
     parser.add_argument("--drop", action="store_true", help="Drop the database at the end.")
     parser.add_argument("--json", help="Also write the results to this file.")
-    parser.add_argument("--payload-index", action="store_true",
-                        help="Time with a GIN (jsonb_path_ops) index on jobs_job.payload, "
-                             "created for the run and dropped after it.")
+    parser.add_argument(
+        "--payload-index",
+        action="store_true",
+        help="Time with a GIN (jsonb_path_ops) index on jobs_job.payload, "
+        "created for the run and dropped after it.",
+    )
     return parser.parse_args()
 
 
