@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from dashboard.db import Count, cap, capped_count
+from dashboard.db import Count, bounded_reads, cap, capped_count
 from dashboard.filters import JobFilters
 from dashboard.selectors import live_worker_ids
 from jobs.enqueue import notify_queues
@@ -107,29 +107,41 @@ def _eligible(action: str, *, ids: Sequence[uuid.UUID], filters: JobFilters, sco
 def plan_bulk(
     action: str, *, scope: str, ids: Sequence[uuid.UUID] = (), filters: JobFilters | None = None
 ) -> BulkPlan:
-    """Count what ``action`` would change, for the confirmation step."""
+    """Count what ``action`` would change, for the confirmation step.
+
+    The counts run under the dashboard's statement timeout: a filter the
+    indexes cannot serve raises a timeout ``DatabaseError`` (the view shows
+    the "too slow" page) instead of holding the database.
+    """
     if action not in ACTIONS:
         raise ValueError(f"Unknown bulk action {action!r}; use cancel or retry.")
     filters = filters or JobFilters()
     everything, eligible = _eligible(action, ids=ids, filters=filters, scope=scope)
+    with bounded_reads():
+        eligible_count, considered = capped_count(eligible), capped_count(everything)
     return BulkPlan(
         action=action,
         scope=scope,
         ids=tuple(ids),
         filters=filters,
-        eligible=capped_count(eligible),
-        considered=capped_count(everything),
+        eligible=eligible_count,
+        considered=considered,
     )
 
 
 def _eligible_batches(plan: BulkPlan) -> Iterator[list[uuid.UUID]]:
-    """Eligible ids, newest first, ``BATCH`` at a time, at most ``COUNT_CAP`` in all."""
+    """Eligible ids, newest first, ``BATCH`` at a time, at most ``COUNT_CAP`` in all.
+
+    Each page is read under the statement timeout (its own short read
+    transaction); the writes that follow run outside it, as the engine's do.
+    """
     _, qs = _eligible(plan.action, ids=plan.ids, filters=plan.filters, scope=plan.scope)
     qs = qs.order_by("-created_at", "-id")
     budget, cursor = cap(), None
     while budget > 0:
         page = after_cursor(qs, cursor) if cursor else qs
-        rows = list(page.values_list("created_at", "id")[: min(BATCH, budget)])
+        with bounded_reads():
+            rows = list(page.values_list("created_at", "id")[: min(BATCH, budget)])
         if not rows:
             return
         yield [r[1] for r in rows]

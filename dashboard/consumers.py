@@ -20,7 +20,7 @@ from django.utils.dateparse import parse_datetime
 
 from dashboard import detail as detail_reads
 from dashboard import render, selectors
-from dashboard.db import capped_count
+from dashboard.db import bounded_reads, capped_count
 from dashboard.filters import JobFilters
 from dashboard.permissions import role_of
 from dashboard.relay import LIST_GROUP, SUMMARY_PAGES, Subscription, job_group, page_group, relay
@@ -185,7 +185,18 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"html": html})
 
 
+# The catch-up reads below run in the database thread under the pages' own
+# statement timeout (``bounded_reads``): a socket must not hold the database
+# longer than a page view may. A timeout raises, which closes that socket;
+# the page then falls back to polling.
+
+
 def _job_since(job_id: uuid.UUID, role: str, after: int) -> tuple[str, int]:
+    with bounded_reads():
+        return _job_since_bounded(job_id, role, after)
+
+
+def _job_since_bounded(job_id: uuid.UUID, role: str, after: int) -> tuple[str, int]:
     detail = detail_reads.job_detail(job_id)
     if detail is None:
         return "", after
@@ -196,11 +207,17 @@ def _job_since(job_id: uuid.UUID, role: str, after: int) -> tuple[str, int]:
 
 
 def _entries_between(job_id: uuid.UUID, after: int, before: int) -> list[tuple[int, str]]:
-    events = [e for e in detail_reads.events_after(job_id, after) if e.seq < before]
+    with bounded_reads():
+        events = [e for e in detail_reads.events_after(job_id, after) if e.seq < before]
     return [(seq, str(html)) for seq, html in render.timeline_entries(events)]
 
 
 def _list_since(sub: Subscription, role: str, since, newest) -> tuple[str, int]:
+    with bounded_reads():
+        return _list_since_bounded(sub, role, since, newest)
+
+
+def _list_since_bounded(sub: Subscription, role: str, since, newest) -> tuple[str, int]:
     changed = Job.objects.filter(pk__in=list(sub.ids), last_event_at__gt=since).values_list(
         "pk", flat=True
     )

@@ -105,6 +105,12 @@ def is_timeout(error: BaseException) -> bool:
     return getattr(cause, "sqlstate", None) == "57014" or "statement timeout" in str(error)
 
 
+def timeout_response(request: HttpRequest) -> HttpResponse:
+    """The 503 page shown when a read ran past the dashboard's statement timeout."""
+    ms = int(knob("DASHBOARD_STATEMENT_TIMEOUT_MS"))
+    return render(request, "dashboard/timeout.html", {"timeout_ms": ms}, status=503)
+
+
 def bounded(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """Render a read-only view under ``bounded_reads``; a timeout becomes a 503 page.
 
@@ -120,7 +126,6 @@ def bounded(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         except DatabaseError as error:
             if not is_timeout(error):
                 raise
-            ms = int(knob("DASHBOARD_STATEMENT_TIMEOUT_MS"))
-            return render(request, "dashboard/timeout.html", {"timeout_ms": ms}, status=503)
+            return timeout_response(request)
 
     return wrapped

@@ -6,12 +6,14 @@ from __future__ import annotations
 import uuid
 
 from django.contrib import messages
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from dashboard import actions
+from dashboard.db import is_timeout, timeout_response
 from dashboard.filters import JobFilters
 from dashboard.permissions import actor_name
 from dashboard.views.common import action, base_context
@@ -84,7 +86,12 @@ def bulk(request: HttpRequest) -> HttpResponse:
             request, "Select at least one job, or act on every job matching the filter."
         )
         return HttpResponseRedirect(list_url)
-    plan = actions.plan_bulk(kind, scope=scope, ids=ids, filters=filters)
+    try:
+        plan = actions.plan_bulk(kind, scope=scope, ids=ids, filters=filters)
+    except DatabaseError as error:
+        if not is_timeout(error):
+            raise
+        return timeout_response(request)
     verb, done, _ = VERBS[kind]
     if request.POST.get("confirm") != "1":
         context = {
@@ -96,9 +103,14 @@ def bulk(request: HttpRequest) -> HttpResponse:
             "post_url": request.get_full_path(),
         }
         return render(request, "dashboard/bulk_confirm.html", context)
-    changed = actions.run_bulk(
-        plan, by=actor_name(request.user), reason=request.POST.get("reason", "")
-    )
+    try:
+        changed = actions.run_bulk(
+            plan, by=actor_name(request.user), reason=request.POST.get("reason", "")
+        )
+    except DatabaseError as error:
+        if not is_timeout(error):
+            raise
+        return timeout_response(request)  # batches already written stay written
     if changed:
         text = f"{done} {_plural(changed)}."
         if plan.truncated:

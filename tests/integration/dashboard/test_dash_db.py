@@ -88,3 +88,86 @@ def test_queue_names_skip_scan_finds_every_queue(db) -> None:
     for name in ("a", "b", "c.batch"):
         queued(queue=name)
     assert {"a", "b", "c.batch"} <= set(selectors.queue_names())
+
+
+def _show_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        return cursor.fetchone()[0]
+
+
+@postgres_only
+def test_websocket_catch_up_reads_run_under_the_timeout(monkeypatch) -> None:
+    """The socket's catch-up reads (job timeline, gap fill, list rows) are bounded too."""
+    from dashboard import consumers, detail
+    from dashboard.filters import JobFilters
+    from dashboard.relay import Subscription
+
+    monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "4321")
+    seen: list[str] = []
+    real_events_after = detail.events_after
+
+    def spying_events_after(*args, **kwargs):
+        seen.append(_show_timeout())
+        return real_events_after(*args, **kwargs)
+
+    monkeypatch.setattr(detail, "events_after", spying_events_after)
+    job = queued()
+    consumers._job_since(job.pk, "operator", 0)
+    consumers._entries_between(job.pk, 0, 5)
+    assert seen == ["4321ms", "4321ms"]
+
+    real_job_rows = selectors.job_rows
+
+    def spying_job_rows(ids):
+        seen.append(_show_timeout())
+        return real_job_rows(ids)
+
+    monkeypatch.setattr(selectors, "job_rows", spying_job_rows)
+    sub = Subscription(page="jobs", role="operator", ids={str(job.pk)}, filters=JobFilters())
+    consumers._list_since(sub, "operator", job.created_at.replace(year=2000), None)
+    assert seen[-1] == "4321ms"
+
+
+@postgres_only
+def test_a_slow_bulk_preview_is_a_503_not_a_held_database(
+    operator_client: Client, monkeypatch
+) -> None:
+    from dashboard import actions
+
+    queued()
+    monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "50")
+
+    def slow_count(qs, limit=None):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(1)")
+        return dashdb.Count(0)
+
+    monkeypatch.setattr(actions, "capped_count", slow_count)
+    response = operator_client.post("/dashboard/jobs/bulk/", {"do": "cancel-filter"})
+    assert response.status_code == 503
+    assert b"took too long" in response.content
+    assert operator_client.get("/dashboard/workers/").status_code == 200
+
+
+@postgres_only
+def test_bulk_run_reads_its_batches_under_the_timeout(monkeypatch) -> None:
+    """A batch read slowed past the timeout is cancelled by PostgreSQL, not waited for."""
+    from django.db import DatabaseError
+
+    from dashboard import actions
+    from dashboard.filters import JobFilters
+
+    job = queued()
+    plan = actions.plan_bulk("cancel", scope="selected", ids=[job.pk], filters=JobFilters())
+    monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "50")
+
+    def slow_batch_read(execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith("SELECT") and "ORDER BY" in sql.upper():
+            execute("SELECT pg_sleep(1)", None, many, context)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(slow_batch_read), pytest.raises(DatabaseError) as error:
+        actions.run_bulk(plan, by="op")
+    assert dashdb.is_timeout(error.value)
+    assert Job.objects.get(pk=job.pk).status == "queued"
