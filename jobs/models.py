@@ -92,9 +92,13 @@ class Job(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=1)
     lease_requeues = models.PositiveIntegerField(default=0)
-    # Indexed by job_parent_idx (parent, status); no separate FK index.
+    # Indexed by job_parent_idx (parent, status) WHERE parent IS NOT NULL.
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children",
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
         db_index=False,
     )
     progress_current = models.IntegerField(default=0)
@@ -108,7 +112,7 @@ class Job(models.Model):
         blank=True,
         on_delete=models.DO_NOTHING,
         db_constraint=False,
-        db_index=False,  # job_worker_idx (worker, status) covers it
+        db_index=False,  # job_worker_idx (worker) WHERE status = 'running' covers it
         related_name="jobs",
     )
     result = models.JSONField(null=True, blank=True)
@@ -117,7 +121,8 @@ class Job(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # NULL, not "": the partial unique index only covers keyed jobs.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     # Timeline bookkeeping: the next event's seq is last_event_seq + 1, taken
     # under the job's row lock so seqs commit in order and never leave gaps.
     last_event_seq = models.IntegerField(default=0)
@@ -137,7 +142,9 @@ class Job(models.Model):
                 condition=Q(status__in=[s.value for s in Status]), name="job_status_valid"
             ),
             models.CheckConstraint(
-                condition=~Q(status__in=[s.value for s in TERMINAL])
+                # Sorted: a frozenset's order changes with the hash seed, and
+                # makemigrations would then see a new constraint on every run.
+                condition=~Q(status__in=sorted(s.value for s in TERMINAL))
                 | Q(finished_at__isnull=False),
                 name="job_terminal_has_finished_at",
             ),
@@ -164,9 +171,22 @@ class Job(models.Model):
                 "leased_until", name="job_running_lease_idx", condition=Q(status="running")
             ),
             models.Index(fields=["-created_at", "-id"], name="job_created_idx"),
-            models.Index(fields=["parent", "status"], name="job_parent_idx"),
-            models.Index(fields=["status", "finished_at"], name="job_finished_idx"),
-            models.Index(fields=["worker", "status"], name="job_worker_idx"),
+            # Partial indexes below: most rows never match, so most inserts skip
+            # them (bulk enqueue writes queued, parentless, unfinished rows).
+            # Children of a job; ``parent_id = x`` implies the predicate.
+            models.Index(
+                fields=["parent", "status"],
+                name="job_parent_idx",
+                condition=Q(parent__isnull=False),
+            ),
+            # Throughput and retention: ``finished_at >= x`` / ``< x`` imply it.
+            models.Index(
+                fields=["status", "finished_at"],
+                name="job_finished_idx",
+                condition=Q(finished_at__isnull=False),
+            ),
+            # A worker's current jobs; every query by worker also says running.
+            models.Index(fields=["worker"], name="job_worker_idx", condition=Q(status="running")),
             models.Index(fields=["queue", "status"], name="job_queue_status_idx"),
         ]
 
@@ -229,6 +249,9 @@ class BatchMessage(models.Model):
     class Meta:
         indexes = [models.Index(fields=["queue", "visible_after", "id"], name="batch_claim_idx")]
 
+    def __str__(self) -> str:
+        return f"{self.queue}#{self.pk} batch {self.batch_index} of {self.parent_id}"
+
 
 class BatchReceipt(models.Model):
     """One row per written batch: makes a twice-delivered batch count once."""
@@ -244,6 +267,9 @@ class BatchReceipt(models.Model):
                 fields=["parent", "batch_index"], name="batchreceipt_parent_index_unique"
             )
         ]
+
+    def __str__(self) -> str:
+        return f"{self.parent_id} batch {self.batch_index}"
 
 
 class RemoteOperation(models.Model):
@@ -262,3 +288,31 @@ class RemoteOperation(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class OperatorAction(models.Model):
+    """The dashboard's audit log: who did what to which jobs or queues, and why.
+
+    ``username`` is copied at write time so the entry still names its author
+    after the user is deleted (``user`` then becomes NULL).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    user = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    username = models.CharField(max_length=150, blank=True, default="")
+    # cancel, retry, bulk_cancel, bulk_retry, pause, resume, requeue_orphan, set_cap
+    action = models.CharField(max_length=50)
+    # A job id, a queue name, or "filter" for bulk actions (see ``filter``).
+    target = models.CharField(max_length=255, blank=True, default="")
+    filter = models.JSONField(default=dict, blank=True)
+    count = models.IntegerField(default=0)
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or '-'} {self.action} {self.target}"
