@@ -7,7 +7,7 @@ claim writes its ``job.started`` events in the same statement.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,6 +36,90 @@ class ClaimedJob:
 
 # --- claim ----------------------------------------------------------------
 
+_RETURNING = (
+    "RETURNING id, operation, queue, payload, attempts, max_attempts, parent_id, "
+    "lease_token, last_event_seq, (expires_at IS NOT NULL AND expires_at <= %s) AS expired"
+)
+_STARTED_EVENT = (
+    "SELECT id, last_event_seq, %s, 'job.started', 'info', '', "
+    "jsonb_build_object('worker', %s::text, 'attempt', attempts) FROM claimed"
+)
+_SUCCEEDED_EVENT = (
+    "SELECT id, last_event_seq, %s, 'job.succeeded', 'info', '', "
+    "jsonb_build_object('duration_ms', duration_ms) FROM done"
+)
+_EVENT_COLUMNS = f"{EVENT_TABLE} (job_id, seq, ts, event, level, message, fields)"
+
+
+def _pick(
+    d: Any,
+    *,
+    queues: Sequence[str],
+    now: Any,
+    limit: int,
+    operations: Sequence[str] | None,
+    local_operations: Collection[str] | None,
+) -> tuple[str, list[Any]]:
+    """The SELECT of claimable ids, best first, ``FOR UPDATE SKIP LOCKED`` on PostgreSQL.
+
+    ``local_operations`` leaves alone the jobs of operations that only remote
+    workers provide (a live ``RemoteOperation`` this process does not run):
+    read in the same statement, so a declaration is seen by the very next claim.
+    """
+    conditions = ["status = 'queued'", f"queue IN {d.in_list(len(queues))}", "run_after <= %s"]
+    params: list[Any] = [*queues, d.ts(now)]
+    if operations is not None:
+        conditions.append(f"operation IN {d.in_list(len(operations))}")
+        params.extend(operations)
+    if local_operations is not None:
+        remote = "SELECT name FROM jobs_remoteoperation WHERE deleted = %s"
+        params.append(False)
+        if local_operations:
+            remote += f" AND name NOT IN {d.in_list(len(local_operations))}"
+            params.extend(local_operations)
+        conditions.append(f"operation NOT IN ({remote})")
+    sql = (
+        f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(conditions)} "
+        "ORDER BY priority DESC, run_after LIMIT %s"
+    )
+    params.append(limit)
+    if d.postgres:
+        sql += " FOR UPDATE SKIP LOCKED"
+    return sql, params
+
+
+def _claim_update(
+    d: Any, *, pick: str, pick_params: list[Any], worker_id: uuid.UUID, now: Any,
+    lease_seconds: float,
+) -> tuple[str, list[Any]]:
+    """UPDATE … RETURNING that starts the picked jobs (PostgreSQL probes them by primary key)."""
+    # ``id = ANY(ARRAY(…))`` evaluates the pick once (an InitPlan) and then probes
+    # jobs_pkey: never a hash semi-join over a scan of the whole table.
+    target = f"id = ANY(ARRAY({pick}))" if d.postgres else f"id IN ({pick})"
+    sql = (
+        f"UPDATE {JOB_TABLE} SET status = 'running', attempts = attempts + 1, "
+        f"started_at = %s, leased_until = %s, lease_token = {d.new_token}, worker_id = %s, "
+        f"last_event_seq = last_event_seq + 1, last_event_at = %s WHERE {target} {_RETURNING}"
+    )
+    lease_until = now + timedelta(seconds=lease_seconds)
+    params = [d.ts(now), d.ts(lease_until), d.uuid(worker_id), d.ts(now), *pick_params, d.ts(now)]
+    return sql, params
+
+
+def _claimed(d: Any, r: Sequence[Any]) -> ClaimedJob:
+    return ClaimedJob(
+        id=d.read_uuid(r[0]),
+        operation=r[1],
+        queue=r[2],
+        payload=d.read_json(r[3]) or {},
+        attempt=r[4],
+        max_attempts=r[5],
+        parent_id=d.read_uuid(r[6]),
+        lease_token=d.read_uuid(r[7]),
+        expired=bool(r[9]),
+    )
+
+
 def claim_jobs(
     *,
     queues: Sequence[str],
@@ -43,6 +127,7 @@ def claim_jobs(
     limit: int,
     lease_seconds: float,
     operations: Sequence[str] | None = None,
+    local_operations: Collection[str] | None = None,
     cap: int | None = None,
     using: str = "default",
 ) -> list[ClaimedJob]:
@@ -53,43 +138,27 @@ def claim_jobs(
     written by the same statement; on SQLite the IMMEDIATE transaction
     serialises claimers.
 
+    ``operations`` restricts the claim to those operations (remote workers).
+    ``local_operations`` (local workers: their registry's names) skips jobs
+    whose operation only remote workers provide; every other job is claimed,
+    so a job of a genuinely unknown operation still fails ``UnknownOperation``.
+
     ``cap`` (one queue only) is horsies' cluster-wide cap: the claim takes an
     advisory lock for the queue, counts its running jobs and claims at most
     ``cap - running``, so concurrent workers never exceed it together.
     """
-    if limit <= 0 or not queues:
+    if limit <= 0 or not queues or (operations is not None and not operations):
         return []
     d = dialect(using)
     now = timezone.now()
-    pick_conditions = [
-        "status = 'queued'",
-        f"queue IN {d.in_list(len(queues))}",
-        "run_after <= %s",
-    ]
-    pick_params: list[Any] = [*queues, d.ts(now)]
-    if operations is not None:
-        if not operations:
-            return []
-        pick_conditions.append(f"operation IN {d.in_list(len(operations))}")
-        pick_params.extend(operations)
-    pick = (
-        f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(pick_conditions)} "
-        "ORDER BY priority DESC, run_after LIMIT %s"
+    pick, pick_params = _pick(
+        d, queues=queues, now=now, limit=limit, operations=operations,
+        local_operations=local_operations,
     )
-    pick_params.append(limit)
-    if d.postgres:
-        pick += " FOR UPDATE SKIP LOCKED"
-    update = (
-        f"UPDATE {JOB_TABLE} SET status = 'running', attempts = attempts + 1, "
-        f"started_at = %s, leased_until = %s, lease_token = {d.new_token}, worker_id = %s, "
-        "last_event_seq = last_event_seq + 1, last_event_at = %s "
-        f"WHERE id IN ({pick}) "
-        "RETURNING id, operation, queue, payload, attempts, max_attempts, parent_id, "
-        "lease_token, last_event_seq, "
-        "(expires_at IS NOT NULL AND expires_at <= %s) AS expired"
+    update, params = _claim_update(
+        d, pick=pick, pick_params=pick_params, worker_id=worker_id, now=now,
+        lease_seconds=lease_seconds,
     )
-    lease_until = now + timedelta(seconds=lease_seconds)
-    params = [d.ts(now), d.ts(lease_until), d.uuid(worker_id), d.ts(now), *pick_params, d.ts(now)]
     worker_text = str(worker_id)
     # On PostgreSQL an uncapped claim is one statement, atomic on its own.
     needs_transaction = cap is not None or not d.postgres
@@ -113,11 +182,8 @@ def claim_jobs(
             # (prepare_threshold=None), so every claim is planned afresh against
             # the table as it is now: no plan cached while the table was empty.
             cursor.execute(
-                f"WITH claimed AS ({update}), ev AS ("
-                f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
-                "SELECT id, last_event_seq, %s, 'job.started', 'info', '', "
-                "jsonb_build_object('worker', %s::text, 'attempt', attempts) FROM claimed) "
-                "SELECT * FROM claimed",
+                f"WITH claimed AS ({update}), ev AS (INSERT INTO {_EVENT_COLUMNS} "
+                f"{_STARTED_EVENT}) SELECT * FROM claimed",
                 [*params, d.ts(now), worker_text],
             )
             rows = cursor.fetchall()
@@ -125,28 +191,13 @@ def claim_jobs(
             cursor.execute(update, params)
             rows = cursor.fetchall()
             cursor.executemany(
-                f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
-                "VALUES (%s, %s, %s, 'job.started', 'info', '', %s)",
+                f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, 'job.started', 'info', '', %s)",
                 [
                     (r[0], r[8], d.ts(now), d.json({"worker": worker_text, "attempt": r[4]}))
                     for r in rows
                 ],
             )
-    claimed = [
-        ClaimedJob(
-            id=d.read_uuid(r[0]),
-            operation=r[1],
-            queue=r[2],
-            payload=d.read_json(r[3]) or {},
-            attempt=r[4],
-            max_attempts=r[5],
-            parent_id=d.read_uuid(r[6]),
-            lease_token=d.read_uuid(r[7]),
-            expired=bool(r[9]),
-        )
-        for r in rows
-    ]
-    return claimed
+    return [_claimed(d, r) for r in rows]
 
 
 # --- leases ---------------------------------------------------------------
@@ -173,12 +224,19 @@ def extend_leases(
         )
         if not held:
             return set()
+        ids = [d.uuid(job_id) for job_id, _ in held]
         tokens = [d.uuid(token) for _, token in held]
+        # Probed by primary key; a token belongs to one job, so "id in ours and
+        # token in ours" is "this job with its own token".
+        if d.postgres:
+            where, params = "id = ANY(%s::uuid[]) AND lease_token = ANY(%s::uuid[])", [ids, tokens]
+        else:
+            where = f"id IN {d.in_list(len(ids))} AND lease_token IN {d.in_list(len(tokens))}"
+            params = [*ids, *tokens]
         cursor.execute(
             f"UPDATE {JOB_TABLE} SET leased_until = %s "
-            f"WHERE status = 'running' AND lease_token IN {d.in_list(len(tokens))} "
-            "RETURNING id",
-            [d.ts(now + timedelta(seconds=lease_seconds)), *tokens],
+            f"WHERE {where} AND (status = 'running') IS TRUE RETURNING id",
+            [d.ts(now + timedelta(seconds=lease_seconds)), *params],
         )
         kept = {d.read_uuid(r[0]) for r in cursor.fetchall()}
     return {job_id for job_id, _ in held} - kept
@@ -193,17 +251,17 @@ class Completion:
     duration_ms: int | None = None
 
 
-def complete_jobs(completions: Sequence[Completion], *, using: str = "default") -> list[uuid.UUID]:
-    """Many running -> succeeded moves in one transaction; returns the ids that moved.
+def _completion_update(
+    d: Any, completions: Sequence[Completion], now: Any
+) -> tuple[str, list[Any]]:
+    """UPDATE … FROM (VALUES …) for many running -> succeeded moves, each fenced by its token.
 
-    Each job keeps its own guard and lease fence; a job that was cancelled or
-    reaped meanwhile is simply left out (its newer state wins).
+    The guard is written ``(status = 'running') IS TRUE``: the same meaning,
+    but the planner cannot answer it from a partial index on ``status``
+    (which would read every running row and every dead entry), so it probes
+    the batch's ids in ``jobs_job_pkey``.
     """
-    if not completions:
-        return []
     check_transition(RUNNING, SUCCEEDED)
-    d = dialect(using)
-    now = timezone.now()
     cast = "::int" if d.postgres else ""
     row = f"({d.uuid_param}, {d.uuid_param}, {d.json_param}, %s{cast}, %s{cast}, %s{cast})"
     params: list[Any] = [d.ts(now), d.ts(now)]
@@ -213,8 +271,7 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
             d.uuid(c.job_id), d.uuid(c.lease_token), d.json(c.result), current, total,
             c.duration_ms,
         ]
-    returning = f"{JOB_TABLE}.id, {JOB_TABLE}.last_event_seq"
-    update = (
+    sql = (
         f"UPDATE {JOB_TABLE} SET status = 'succeeded', last_event_seq = last_event_seq + 1, "
         "last_event_at = %s, finished_at = %s, result = v.column3, error_code = '', "
         "error_message = '', leased_until = NULL, lease_token = NULL, "
@@ -222,16 +279,29 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
         "progress_total = COALESCE(v.column5, progress_total) "
         f"FROM (VALUES {', '.join([row] * len(completions))}) AS v "
         f"WHERE {JOB_TABLE}.id = v.column1 AND {JOB_TABLE}.lease_token = v.column2 "
-        f"AND {JOB_TABLE}.status = 'running' RETURNING {returning}"
+        f"AND ({JOB_TABLE}.status = 'running') IS TRUE "
+        f"RETURNING {JOB_TABLE}.id, {JOB_TABLE}.last_event_seq"
     )
+    return sql, params
+
+
+def complete_jobs(completions: Sequence[Completion], *, using: str = "default") -> list[uuid.UUID]:
+    """Many running -> succeeded moves in one transaction; returns the ids that moved.
+
+    Each job keeps its own guard and lease fence; a job that was cancelled or
+    reaped meanwhile is simply left out (its newer state wins).
+    """
+    if not completions:
+        return []
+    d = dialect(using)
+    now = timezone.now()
+    update, params = _completion_update(d, completions, now)
     if d.postgres:
         # One statement, atomic on its own: no BEGIN/COMMIT round trips.
         with connections[using].cursor() as cursor:
             cursor.execute(
-                f"WITH done AS ({update}, v.column6 AS duration_ms) INSERT INTO {EVENT_TABLE} "
-                "(job_id, seq, ts, event, level, message, fields) "
-                "SELECT id, last_event_seq, %s, 'job.succeeded', 'info', '', "
-                "jsonb_build_object('duration_ms', duration_ms) FROM done RETURNING job_id",
+                f"WITH done AS ({update}, v.column6 AS duration_ms) "
+                f"INSERT INTO {_EVENT_COLUMNS} {_SUCCEEDED_EVENT} RETURNING job_id",
                 [*params, d.ts(now)],
             )
             return [r[0] for r in cursor.fetchall()]
@@ -241,7 +311,7 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
         cursor.execute(update, params)
         rows = cursor.fetchall()
         cursor.executemany(
-            f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
+            f"INSERT INTO {_EVENT_COLUMNS} "
             f"VALUES (%s, %s, %s, 'job.succeeded', 'info', '', {d.json_param})",
             [
                 (r[0], r[1], d.ts(now), d.json({"duration_ms": durations.get(r[0])}))
@@ -251,3 +321,59 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
     return [d.read_uuid(r[0]) for r in rows]
 
 
+# --- both at once -------------------------------------------------------------
+
+def complete_and_claim(
+    completions: Sequence[Completion],
+    *,
+    queues: Sequence[str],
+    worker_id: uuid.UUID,
+    limit: int,
+    lease_seconds: float,
+    local_operations: Collection[str] | None = None,
+    using: str = "default",
+) -> tuple[list[uuid.UUID], list[ClaimedJob]]:
+    """``complete_jobs`` then an uncapped ``claim_jobs``, as one statement: one commit per cycle.
+
+    PostgreSQL only (a data-modifying CTE). Returns the ids that moved to
+    ``succeeded`` and the jobs claimed. Both parts keep their own guarantees:
+    each completion is fenced by its lease token, the pick is ``FOR UPDATE
+    SKIP LOCKED`` and every transition writes its event (``job.succeeded``,
+    ``job.started``) with the job's next ``seq``, in the same statement. The
+    statement reads one snapshot, so the jobs it completes (running) and the
+    jobs it claims (queued) never overlap.
+    """
+    d = dialect(using)
+    if not d.postgres:
+        raise NotImplementedError("complete_and_claim needs PostgreSQL; call the two steps.")
+    if not completions:
+        return [], claim_jobs(
+            queues=queues, worker_id=worker_id, limit=limit, lease_seconds=lease_seconds,
+            local_operations=local_operations, using=using,
+        )
+    if limit <= 0 or not queues:
+        return complete_jobs(completions, using=using), []
+    now = timezone.now()
+    done, done_params = _completion_update(d, completions, now)
+    pick, pick_params = _pick(
+        d, queues=queues, now=now, limit=limit, operations=None,
+        local_operations=local_operations,
+    )
+    claim, claim_params = _claim_update(
+        d, pick=pick, pick_params=pick_params, worker_id=worker_id, now=now,
+        lease_seconds=lease_seconds,
+    )
+    sql = (
+        f"WITH done AS ({done}, v.column6 AS duration_ms), claimed AS ({claim}), "
+        f"ev AS (INSERT INTO {_EVENT_COLUMNS} {_SUCCEEDED_EVENT} UNION ALL {_STARTED_EVENT}) "
+        "SELECT id, operation, queue, payload, attempts, max_attempts, parent_id, lease_token, "
+        "last_event_seq, expired FROM claimed UNION ALL "
+        "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done"
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            sql, [*done_params, *claim_params, d.ts(now), d.ts(now), str(worker_id)]
+        )
+        rows = cursor.fetchall()
+    moved = [r[0] for r in rows if r[1] is None]
+    return moved, [_claimed(d, r) for r in rows if r[1] is not None]

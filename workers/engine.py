@@ -1,9 +1,25 @@
 """The worker: claim in batches sized to free slots, run in threads, finish in batches.
 
-One main thread loops: write the completions that piled up (one transaction
-for all of them), claim up to the free slots (one statement per queue group),
-hand the claimed work to the thread pool, then sleep until woken (a NOTIFY,
-a finished job, a signal) or until ``POLL_SECONDS`` pass.
+One main thread loops: gather the completions of a batch (until every running
+job has finished, or ``GATHER_SECONDS`` passed since the first one), write them
+and claim up to the free slots, hand the claimed work to the thread pool, then
+sleep until woken (a NOTIFY, a finished job, a signal) or until
+``POLL_SECONDS`` pass.
+
+On PostgreSQL, when every open served queue is an uncapped job queue, the
+completions, the claim and both kinds of events are one statement
+(``complete_and_claim``): one commit per cycle. Otherwise the completions are
+one statement and each queue group's claim another.
+
+A local worker claims every job of its queues except those of operations
+that only remote workers provide (live ``RemoteOperation`` rows its registry
+lacks): those stay queued for them, while a job of an operation nobody
+provides is still claimed and failed with ``UnknownOperation``.
+
+Logging: ``job.claimed`` and ``job.succeeded`` are per-job lines at DEBUG
+(``CONTROLPLANE_LOG_LEVEL=DEBUG``); failures, retries, requeues and lost
+leases stay at INFO/WARNING. The events table records every transition
+whatever the level.
 
 Connection budget per worker process (size fleets against ``max_connections``):
 one for the main loop, one per concurrent job thread, one for the heartbeat,
@@ -20,17 +36,24 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Union
 
 from django.db import connection
 
 from jobs import transitions
 from jobs.batches import claim_messages
-from jobs.claims import ClaimedJob, Completion, claim_jobs, complete_jobs, extend_leases
+from jobs.claims import (
+    ClaimedJob,
+    Completion,
+    claim_jobs,
+    complete_and_claim,
+    complete_jobs,
+    extend_leases,
+)
 from jobs.exceptions import LeaseLost
 from jobs.independent import independent_connection
 from jobs.models import Queue, QueueKind, Worker, WorkerKind
-from jobs.operations import OperationRegistry, registry as default_registry
+from jobs.operations import OperationRegistry
+from jobs.operations import registry as default_registry
 from workers.batch_runner import MessageFlight, extend_visibility, release_messages, run_message
 from workers.config import WorkerConfig
 from workers.execution import InFlight, JobRunner
@@ -41,7 +64,12 @@ from workers.shutdown import EXIT_GRACE_RAN_OUT, EXIT_GRACEFUL, ShutdownGuard
 
 log = logging.getLogger("workers")
 
-Flight = Union[InFlight, MessageFlight]
+Flight = InFlight | MessageFlight
+
+# How long the main loop waits, after the first job of a batch finished, for
+# the rest of the batch before it writes the completions and claims again:
+# fuller claims, fewer commits, at most this much added to a job's finish.
+GATHER_SECONDS = 0.005
 
 
 class JobWorker:
@@ -60,8 +88,9 @@ class JobWorker:
         self._flights: dict[object, Flight] = {}
         self._completions: list[Completion] = []
         self._pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="job")
+        self._registry = registry or default_registry
         self._runner = JobRunner(
-            registry or default_registry,
+            self._registry,
             retry_backoff_seconds=config.retry_backoff_seconds,
             retry_backoff_max_seconds=config.retry_backoff_max_seconds,
             pre_handle=self.pre_handle,
@@ -69,6 +98,8 @@ class JobWorker:
         )
         self._queue_settings: dict[str, tuple[bool, int | None, str]] = {}
         self._queue_settings_read = 0.0
+        self._fused = connection.vendor == "postgresql"
+        self._local_operations = tuple(self._registry.names())
         self._listener: NotifyListener | None = None
         self._heartbeat = HeartbeatLoop(self._beat, interval_seconds=config.heartbeat_seconds)
 
@@ -85,7 +116,12 @@ class JobWorker:
 
     # --- lifecycle -----------------------------------------------------------
     def run(self, *, install_signals: bool = True) -> int:
-        """Serve until stopped (or, with ``burst``, until nothing is claimable); return the exit code."""
+        """Serve until stopped (or, with ``burst``, until nothing is claimable).
+
+        Returns the exit code. The registry's names are read again here, once
+        every operation module is loaded.
+        """
+        self._local_operations = tuple(self._registry.names())
         if install_signals:
             self.guard.install()
         self._register()
@@ -111,8 +147,8 @@ class JobWorker:
         while not self.guard.stopping.is_set():
             self.wake.clear()
             try:
-                self._flush_completions()
-                claimed = self._claim_pass()
+                self._gather()
+                claimed = self._cycle()
                 failures = 0
             except Exception as error:
                 if not is_transient(error):
@@ -153,7 +189,7 @@ class JobWorker:
             job = flight.job
             try:
                 with_db_retry(
-                    lambda: transitions.requeue_job(
+                    lambda job=job: transitions.requeue_job(
                         job.id, lease_token=job.lease_token,
                         reason="worker shutdown: the grace period ran out",
                     ),
@@ -204,8 +240,9 @@ class JobWorker:
 
     def _beat(self) -> None:
         with self._lock:
-            jobs = [(f.job.id, f.job.lease_token) for f in self._flights.values() if isinstance(f, InFlight)]
-            messages = [f.message.id for f in self._flights.values() if isinstance(f, MessageFlight)]
+            flights = list(self._flights.values())
+        jobs = [(f.job.id, f.job.lease_token) for f in flights if isinstance(f, InFlight)]
+        messages = [f.message.id for f in flights if isinstance(f, MessageFlight)]
         lost = extend_leases(worker_id=self.id, held=jobs, lease_seconds=self.config.lease_seconds)
         extend_visibility(messages, self.config.batch_visibility_seconds)
         if not Worker.objects.filter(pk=self.id).exists():
@@ -241,6 +278,62 @@ class JobWorker:
             self._queue_settings_read = now
         return self._queue_settings
 
+    def _gather(self) -> None:
+        """Wait until every running job finished, or ``GATHER_SECONDS`` after one did.
+
+        Without it the loop wakes on the first finished job and writes and claims
+        one or two at a time: two commits for very little work.
+        """
+        deadline = 0.0
+        while True:
+            with self._lock:
+                finished = len(self._completions)
+                running = len(self._flights) - finished
+            if not finished or not running:
+                return
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + GATHER_SECONDS
+            elif now >= deadline:
+                return
+            self.wake.wait(deadline - now)
+            self.wake.clear()
+
+    def _cycle(self) -> int:
+        """Write the gathered completions and claim; one statement when the queues allow it."""
+        if self._fused:
+            settings = self._settings()
+            open_queues = [q for q in self.config.queues if not settings[q][0]]
+            if open_queues and all(
+                settings[q][2] == QueueKind.JOB and settings[q][1] is None for q in open_queues
+            ):
+                return self._complete_and_claim(open_queues)
+        self._flush_completions()
+        return self._claim_pass()
+
+    def _complete_and_claim(self, queues: list[str]) -> int:
+        with self._lock:
+            batch, self._completions = self._completions, []
+            free = self.config.concurrency - len(self._flights) + len(batch)
+        limit = free if free > 0 and self.pre_dequeue() else 0
+        try:
+            moved, jobs = with_db_retry(
+                lambda: complete_and_claim(
+                    batch, queues=queues, worker_id=self.id, limit=limit,
+                    lease_seconds=self.config.lease_seconds,
+                    local_operations=self._local_operations,
+                ),
+                what="complete_and_claim",
+                attempts=3,
+            )
+        except Exception:
+            with self._lock:
+                self._completions[:0] = batch  # keep them; the leases are still ours
+            raise
+        self._finish(batch, moved)
+        self._submit_jobs(jobs)
+        return len(jobs)
+
     def _claim_pass(self) -> int:
         free = self._free_slots()
         if free <= 0 or not self.pre_dequeue():
@@ -271,14 +364,20 @@ class JobWorker:
         jobs = claim_jobs(
             queues=queues, worker_id=self.id, limit=limit,
             lease_seconds=self.config.lease_seconds, cap=cap,
+            local_operations=self._local_operations,
         )
-        for job in jobs:
-            log.info(
-                "job.claimed job_id=%s operation=%s queue=%s attempt=%d",
-                job.id, job.operation, job.queue, job.attempt,
-            )
-            self._submit(job.id, InFlight(job))
+        self._submit_jobs(jobs)
         return len(jobs)
+
+    def _submit_jobs(self, jobs: list[ClaimedJob]) -> None:
+        debug = log.isEnabledFor(logging.DEBUG)
+        for job in jobs:
+            if debug:
+                log.debug(
+                    "job.claimed job_id=%s operation=%s queue=%s attempt=%d",
+                    job.id, job.operation, job.queue, job.attempt,
+                )
+            self._submit(job.id, InFlight(job))
 
     def _submit(self, key: object, flight: Flight) -> None:
         with self._lock:
@@ -308,17 +407,29 @@ class JobWorker:
         if not batch:
             return
         try:
-            moved = set(with_db_retry(lambda: complete_jobs(batch), what="complete", attempts=3))
+            moved = with_db_retry(lambda: complete_jobs(batch), what="complete", attempts=3)
         except Exception:
             with self._lock:
                 self._completions[:0] = batch  # keep them; the leases are still ours
             raise
+        self._finish(batch, moved)
+
+    def _finish(self, batch: list[Completion], moved: list) -> None:
+        """Free the slots of a written batch; warn about the jobs whose lease was gone."""
+        if not batch:
+            return
         with self._lock:
             for completion in batch:
                 self._flights.pop(completion.job_id, None)
+        if len(moved) == len(batch):
+            return
+        kept = set(moved)
         for completion in batch:
-            if completion.job_id not in moved:
-                log.warning("job.lease_lost job_id=%s (finished after cancel or takeover)", completion.job_id)
+            if completion.job_id not in kept:
+                log.warning(
+                    "job.lease_lost job_id=%s (finished after cancel or takeover)",
+                    completion.job_id,
+                )
 
     def _flush_completions_safely(self) -> None:
         try:

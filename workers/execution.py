@@ -31,7 +31,7 @@ from jobs.exceptions import (
 )
 from jobs.independent import independent_connection
 from jobs.models import Job
-from jobs.operations import JobContext, Operation, OperationResult, OperationRegistry
+from jobs.operations import JobContext, Operation, OperationRegistry, OperationResult
 from jobs.states import CANCELLED
 from workers.resilience import is_transient, reset_connection, with_db_retry
 
@@ -108,11 +108,16 @@ class JobRunner:
         except Exception as error:  # noqa: BLE001 - last line of defence: never stuck in running
             log.exception("job.record_failed job_id=%s", job.id)
             outcome = self._fail_fresh(job, "WorkerError", f"{type(error).__name__}: {error}")
-        duration = time.monotonic() - flight.started
-        log.info(
-            "job.%s job_id=%s operation=%s queue=%s attempt=%d duration_ms=%d",
-            outcome.status, job.id, job.operation, job.queue, job.attempt, duration * 1000,
-        )
+        # Per-job success lines are DEBUG (CONTROLPLANE_LOG_LEVEL=DEBUG shows them):
+        # at thousands of jobs a second they were half the worker's CPU, and the
+        # events table records every transition anyway. Other outcomes stay INFO.
+        level = logging.DEBUG if outcome.status == "succeeded" else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(
+                level, "job.%s job_id=%s operation=%s queue=%s attempt=%d duration_ms=%d",
+                outcome.status, job.id, job.operation, job.queue, job.attempt,
+                (time.monotonic() - flight.started) * 1000,
+            )
         if self.post_handle is not None:
             try:
                 self.post_handle(job, outcome.status)

@@ -27,7 +27,10 @@ class Command(BaseCommand):
         parser.add_argument("--poll-only", action="store_true", help="no LISTEN (transaction poolers)")
 
     def handle(self, *args, **o) -> None:
-        logging.getLogger("workers").setLevel(logging.INFO)
+        if not os.environ.get("CONTROLPLANE_LOG_LEVEL"):
+            # The worker's own lines (start, stop, failures, retries) show by default;
+            # CONTROLPLANE_LOG_LEVEL wins (DEBUG adds a line per claim and success).
+            logging.getLogger("workers").setLevel(logging.INFO)
         if o["processes"] and o["processes"] > 1:
             child_args = [a for q in o["queues"] for a in ("--queue", q)]
             child_args += ["--concurrency", str(o["concurrency"])]
