@@ -10,6 +10,7 @@ write that reaches ``progress_total`` closes the parent.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.enqueue import notify_queues
 from jobs.exceptions import ControlPlaneError, LeaseLost
-from jobs.models import BatchMessage, Job, Queue, QueueKind
+from jobs.models import BatchMessage, BatchReceipt, Job, Queue, QueueKind
 from jobs.operations import validate_against_schema
 from jobs.states import RUNNING
 
@@ -70,6 +71,7 @@ class BatchRegistry:
 
 
 batch_registry = BatchRegistry()
+log = logging.getLogger("workers")
 
 
 def batch_queue_names(queue: str) -> tuple[str, str]:
@@ -89,6 +91,13 @@ def dispatch_batches(
 
     One INSERT for all messages; payloads are validated against the batch
     operation's schema first, so a bad snapshot fails the coordinator, not a batch.
+
+    Idempotent per run: a coordinator that runs again (its lease expired
+    after a dispatch, or an operator retried it) starts over. In the same
+    transaction as the reset count, the parent's earlier messages and
+    receipts are deleted, so no batch is counted twice and no old receipt
+    blocks a recount. The parent's row is locked first, as the write step
+    and cancel lock it, so these never deadlock.
     """
     op = batch_registry.get(operation)
     for index, payload in enumerate(payloads):
@@ -105,6 +114,8 @@ def dispatch_batches(
         ).update(progress_total=len(payloads), progress_current=0)
         if not updated:
             raise LeaseLost(ctx.job_id)
+        replaced, _ = BatchMessage.objects.filter(parent_id=ctx.job_id).delete()
+        forgotten, _ = BatchReceipt.objects.filter(parent_id=ctx.job_id).delete()
         BatchMessage.objects.bulk_create(
             [
                 BatchMessage(
@@ -122,7 +133,13 @@ def dispatch_batches(
             batch_size=1000,
         )
         notify_queues([batch_queue])
-    ctx.emit("batch.dispatched", f"{len(payloads)} batches to {batch_queue}", batches=len(payloads))
+    again = {"replaced_messages": replaced, "replaced_receipts": forgotten}
+    ctx.emit(
+        "batch.dispatched",
+        f"{len(payloads)} batches to {batch_queue}",
+        batches=len(payloads),
+        **(again if replaced or forgotten else {}),
+    )
     return len(payloads)
 
 
@@ -157,12 +174,14 @@ def claim_messages(*, queue: str, limit: int, visibility_seconds: float) -> list
         cursor.execute(
             "UPDATE jobs_batchmessage SET visible_after = %s, attempts = attempts + 1 "
             f"WHERE id IN ({pick}) "
-            "RETURNING id, queue, parent_id, operation, batch_index, payload, attempts, max_attempts",
+            "RETURNING id, queue, parent_id, operation, batch_index, payload, attempts, "
+            "max_attempts, last_error",
             [d.ts(now + timedelta(seconds=visibility_seconds)), queue, d.ts(now), limit],
         )
         rows = cursor.fetchall()
-    return [
-        ClaimedMessage(
+    claimed, poisoned = [], []
+    for r in sorted(rows, key=lambda r: r[0]):
+        message = ClaimedMessage(
             id=r[0],
             queue=r[1],
             parent_id=d.read_uuid(r[2]),
@@ -172,8 +191,45 @@ def claim_messages(*, queue: str, limit: int, visibility_seconds: float) -> list
             attempts=r[6],
             max_attempts=r[7],
         )
-        for r in sorted(rows, key=lambda r: r[0])
-    ]
+        (poisoned if message.attempts > message.max_attempts else claimed).append((message, r[8]))
+    for message, last_error in poisoned:
+        _fail_poisoned(message, last_error or "")
+    return [message for message, _ in claimed]
+
+
+def _fail_poisoned(message: ClaimedMessage, last_error: str) -> None:
+    """A message whose every delivery ended with its consumer dead (killed, OOM) fails its parent.
+
+    Consumers that die never reach ``fail_batch``, so the claim is where the
+    attempt budget is enforced: the delivery past ``max_attempts`` is not
+    handed out, and the parent fails naming the batch.
+    """
+    spent = message.attempts - 1
+    detail = f" Last error: {last_error}" if last_error else ""
+    _fail_parent(
+        message,
+        f"Batch {message.batch_index} ({message.operation}) was delivered {spent} times and "
+        f"never finished on {message.queue} (its consumer died each time).{detail}",
+    )
+    log.error(
+        "batch.poisoned message=%s parent=%s batch=%d deliveries=%d",
+        message.id, message.parent_id, message.batch_index, spent,
+    )
+
+
+def _fail_parent(message: ClaimedMessage, error_message: str) -> None:
+    """Fail the parent of ``message`` with ``BatchFailed`` and drop all its messages, atomically."""
+    with transaction.atomic():
+        try:
+            transitions.fail_job(
+                message.parent_id,
+                lease_token=None,
+                error_code="BatchFailed",
+                error_message=error_message,
+            )
+        except ControlPlaneError:
+            pass  # the parent is no longer running; nothing left to fail
+        BatchMessage.objects.filter(parent_id=message.parent_id).delete()
 
 
 def parent_running(parent_id: uuid.UUID) -> bool:
@@ -181,16 +237,22 @@ def parent_running(parent_id: uuid.UUID) -> bool:
 
 
 def drop_message(message: ClaimedMessage) -> None:
-    BatchMessage.objects.filter(pk=message.id).delete()
+    """Ack a message without doing its work (its parent stopped running)."""
+    _ack(message)
 
 
-def hand_to_write_queue(message: ClaimedMessage, output: Any) -> None:
-    """Ack a processed batch by replacing it with its write message, atomically."""
+def hand_to_write_queue(message: ClaimedMessage, output: Any) -> bool:
+    """Ack a processed batch by replacing it with its write message, atomically.
+
+    The ack is fenced by the delivery (``attempts`` as claimed): a consumer
+    whose visibility ran out while another took the message over acks
+    nothing, and returns False; so does one whose parent dropped its messages.
+    """
     _, write_queue = batch_queue_names(message.queue)
     with transaction.atomic():
-        deleted, _ = BatchMessage.objects.filter(pk=message.id).delete()
+        deleted, _ = BatchMessage.objects.filter(pk=message.id, attempts=message.attempts).delete()
         if not deleted:
-            return  # the parent was cancelled or failed meanwhile; its messages are gone
+            return False
         BatchMessage.objects.create(
             queue=write_queue,
             parent_id=message.parent_id,
@@ -200,96 +262,122 @@ def hand_to_write_queue(message: ClaimedMessage, output: Any) -> None:
             max_attempts=message.max_attempts,
         )
         notify_queues([write_queue])
+    return True
 
 
 def fail_batch(message: ClaimedMessage, error: BaseException) -> bool:
     """Retry a failed batch later, or fail the parent when its attempts are spent.
 
     Returns True when the parent was failed (and its other messages dropped).
+    The retry is fenced by the delivery, like the ack.
     """
     text = f"{type(error).__name__}: {error}"
     if message.attempts < message.max_attempts:
         backoff = float(knob("RETRY_BACKOFF_SECONDS")) * 2 ** (message.attempts - 1)
-        BatchMessage.objects.filter(pk=message.id).update(
-            visible_after=timezone.now() + timedelta(seconds=backoff), last_error=text
+        BatchMessage.objects.filter(pk=message.id, attempts=message.attempts).update(
+            visible_after=timezone.now() + timedelta(seconds=backoff), last_error=text[:2000]
         )
         return False
-    with transaction.atomic():
-        try:
-            transitions.fail_job(
-                message.parent_id,
-                lease_token=None,
-                error_code="BatchFailed",
-                error_message=(
-                    f"Batch {message.batch_index} ({message.operation}) failed after "
-                    f"{message.attempts} attempts: {text}"
-                ),
-            )
-        except ControlPlaneError:
-            pass  # the parent is no longer running; nothing left to fail
-        BatchMessage.objects.filter(parent_id=message.parent_id).delete()
+    _fail_parent(
+        message,
+        f"Batch {message.batch_index} ({message.operation}) failed after "
+        f"{message.attempts} attempts: {text}",
+    )
     return True
 
 
-def write_batch(message: ClaimedMessage) -> bool:
+class _ParentGone(Exception):
+    """The parent stopped running during a write: roll the write back."""
+
+
+def write_batch(message: ClaimedMessage) -> str:
     """The write step: record the output once, advance the parent, close it at the total.
 
     One transaction: the receipt insert (a duplicate delivery inserts
-    nothing and counts nothing), the atomic increment, the closing
-    transition, and the ack. Returns True if this write closed the parent.
+    nothing and counts nothing), the batch's domain write, the atomic
+    increment, the closing transition, and the fenced ack. A parent that is
+    no longer running gets no domain work: it is checked first (cheap), and
+    if it stops before the increment the whole write rolls back.
+
+    Only a deferred parent (its lease released) is closed here; while its
+    coordinator still holds the lease, the count goes on and ``defer_job``
+    closes it. Returns ``closed_parent``, ``written``, ``duplicate`` or ``dropped``.
     """
     d = dialect()
     op = batch_registry.get(message.operation)
     output = message.payload.get("output")
     now = timezone.now()
-    closed = False
-    with transaction.atomic(), connections["default"].cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO jobs_batchreceipt (parent_id, batch_index, output, written_at) "
-            f"VALUES (%s, %s, {d.json_param}, %s) "
-            "ON CONFLICT (parent_id, batch_index) DO NOTHING RETURNING id",
-            [d.uuid(message.parent_id), message.batch_index, d.json(output), d.ts(now)],
-        )
-        first_delivery = bool(cursor.fetchall())
-        if first_delivery:
-            op.write(message.parent_id, message.batch_index, output)
-            cursor.execute(
-                "UPDATE jobs_job SET progress_current = progress_current + 1, "
-                "last_event_seq = last_event_seq + 1, last_event_at = %s "
-                "WHERE id = %s AND status = 'running' "
-                "RETURNING id, last_event_seq, progress_current, progress_total",
-                [d.ts(now), d.uuid(message.parent_id)],
-            )
-            rows = cursor.fetchall()
-            if rows:
-                _, seq, current, total = rows[0]
-                transitions.write_events(
-                    cursor,
-                    d,
-                    [(rows[0][0], seq)],
-                    transitions.Event(
-                        "batch.written",
-                        fields={
-                            "batch": message.batch_index,
-                            "_progress_current": current,
-                            "_progress_total": total,
-                        },
-                    ),
-                    now,
-                )
-                if total is not None and current >= total:
-                    transitions.complete_job(
-                        message.parent_id,
-                        lease_token=None,
-                        result=_parent_result(message.parent_id, total),
-                    )
-                    closed = True
-        cursor.execute("DELETE FROM jobs_batchmessage WHERE id = %s", [message.id])
-    return closed
+    if not parent_running(message.parent_id):
+        _ack(message)
+        return "dropped"
+    try:
+        with transaction.atomic(), connections["default"].cursor() as cursor:
+            outcome = _write(cursor, d, op, message, output, now)
+            _ack(message, cursor)
+    except _ParentGone:
+        _ack(message)
+        return "dropped"
+    return outcome
 
 
-def _parent_result(parent_id: uuid.UUID, total: int) -> dict[str, Any]:
+def _write(
+    cursor: Any, d: Any, op: BatchOperation, message: ClaimedMessage, output: Any, now: Any
+) -> str:
+    cursor.execute(
+        "INSERT INTO jobs_batchreceipt (parent_id, batch_index, output, written_at) "
+        f"VALUES (%s, %s, {d.json_param}, %s) "
+        "ON CONFLICT (parent_id, batch_index) DO NOTHING RETURNING id",
+        [d.uuid(message.parent_id), message.batch_index, d.json(output), d.ts(now)],
+    )
+    if not cursor.fetchall():
+        return "duplicate"
+    op.write(message.parent_id, message.batch_index, output)
+    cursor.execute(
+        "UPDATE jobs_job SET progress_current = progress_current + 1, "
+        "last_event_seq = last_event_seq + 1, last_event_at = %s "
+        "WHERE id = %s AND status = 'running' "
+        "RETURNING id, last_event_seq, progress_current, progress_total, lease_token",
+        [d.ts(now), d.uuid(message.parent_id)],
+    )
+    rows = cursor.fetchall()
+    if not rows:
+        raise _ParentGone
+    db_id, seq, current, total, lease_token = rows[0]
+    transitions.write_events(
+        cursor,
+        d,
+        [(db_id, seq)],
+        transitions.Event(
+            "batch.written",
+            fields={
+                "batch": message.batch_index,
+                "_progress_current": current,
+                "_progress_total": total,
+            },
+        ),
+        now,
+    )
+    if total is None or current < total or lease_token is not None:
+        return "written"
+    transitions.complete_job(
+        message.parent_id,
+        lease_token=None,
+        result=_parent_result(message.parent_id, total),
+    )
+    return "closed_parent"
+
+
+def _ack(message: ClaimedMessage, cursor: Any = None) -> None:
+    """Delete the message if this delivery still holds it (fenced by ``attempts``)."""
+    if cursor is None:
+        BatchMessage.objects.filter(pk=message.id, attempts=message.attempts).delete()
+        return
+    cursor.execute(
+        "DELETE FROM jobs_batchmessage WHERE id = %s AND attempts = %s",
+        [message.id, message.attempts],
+    )
+
+
+def _parent_result(parent_id: uuid.UUID, total: int) -> Any:
     result = Job.objects.filter(pk=parent_id).values_list("result", flat=True).first()
-    merged = dict(result) if isinstance(result, dict) else {}
-    merged["batches_written"] = total
-    return merged
+    return transitions.deferred_result(result, total)

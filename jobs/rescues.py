@@ -15,7 +15,15 @@ from django.utils import timezone
 
 from jobs.dialect import dialect
 from jobs.states import FAILED, QUEUED, RUNNING
-from jobs.transitions import CLEAR_LEASE, DECREMENT_ATTEMPTS, JOB_TABLE, Event, Sql, _move
+from jobs.transitions import (
+    CLEAR_LEASE,
+    DECREMENT_ATTEMPTS,
+    JOB_TABLE,
+    Event,
+    Sql,
+    _move,
+    notify_job_queues,
+)
 
 # --- rescues by the reaper ------------------------------------------------
 
@@ -27,10 +35,20 @@ def requeue_expired_leases(
     Requeues those under the ``max_requeues`` budget (``job.lease_expired_requeue``)
     and fails the rest with ``LeaseExpired`` (``job.lease_expired``). The
     guard is in the UPDATE itself, so two reapers never act twice.
+
+    Only jobs a worker holds (``lease_token IS NOT NULL``) are touched: a
+    deferred parent is held by its batches, not by a lease, so neither an
+    expiry nor the sweep of the worker that ran its coordinator may requeue it.
+
+    The budget is the ``lease_requeues`` column, one per
+    ``job.lease_expired_requeue`` event since the last operator retry (which
+    resets it with the rest of the attempt budget): an operator retrying a job
+    that died of lease expiries expects it to get its full budget again.
+    The requeued jobs' queues are notified so idle workers claim them at once.
     """
     d = dialect()
     now = timezone.now()
-    expiry = "(leased_until < %s"
+    expiry = "lease_token IS NOT NULL AND (leased_until < %s"
     expiry_params: list[Any] = [d.ts(now)]
     if worker_ids:
         expiry += f" OR worker_id IN {d.in_list(len(worker_ids))}"
@@ -61,6 +79,7 @@ def requeue_expired_leases(
             "started_at": None,
         },
     )
+    notify_job_queues([m.id for m in requeued])
     failed = _move(
         target=FAILED,
         where=pick.format(op=">="),
@@ -102,7 +121,9 @@ def fail_timed_out(
             f"LIMIT {int(limit)})"
         ),
         where_params=stale_params * 2,
-        event=Event("job.timeout", level="error", message=message, fields={"error_code": "JobTimeout"}),
+        event=Event(
+            "job.timeout", level="error", message=message, fields={"error_code": "JobTimeout"}
+        ),
         assign={
             **CLEAR_LEASE,
             "finished_at": now,

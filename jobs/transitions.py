@@ -225,6 +225,27 @@ def complete_job(
     )
 
 
+# Batches own a deferred parent's progress: while any message or receipt of
+# the job exists, ``progress_current`` is the write step's count, and neither
+# the coordinator's return value nor its emits may overwrite it.
+BATCH_OWNED = (
+    "(EXISTS (SELECT 1 FROM jobs_batchmessage bm WHERE bm.parent_id = jobs_job.id) "
+    "OR EXISTS (SELECT 1 FROM jobs_batchreceipt br WHERE br.parent_id = jobs_job.id))"
+)
+
+
+def _progress_sql(column: str, value: int) -> tuple[str, list[Any]]:
+    """``column = value`` unless the job's batches own its progress."""
+    return f"{column} = CASE WHEN {BATCH_OWNED} THEN {column} ELSE %s END", [int(value)]
+
+
+def deferred_result(result: Any, total: int) -> Any:
+    """The result a deferred parent closes with: its coordinator's, plus ``batches_written``."""
+    merged = dict(result) if isinstance(result, dict) else {}
+    merged["batches_written"] = total
+    return merged
+
+
 def defer_job(
     job_id: uuid.UUID,
     *,
@@ -235,29 +256,56 @@ def defer_job(
 ) -> int:
     """Keep a coordinator ``running`` after its operation returned deferred.
 
-    Not a status change: its lease is released (no worker holds it any more)
-    and the job is closed later by the write step of its last batch.
+    Not a status change: its lease and worker are released (its batches hold
+    it now, so no lease rescue may touch it; the reaper's hard timeout with
+    stall grace still does) and it is closed by the write step of its last
+    batch. When every batch was already written while the coordinator still
+    held the lease (fast batches, or none at all), the write step could not
+    close it, so this does: ``job.deferred`` then ``job.succeeded``, in one
+    transaction. Returns the seq of the last event written.
     """
     d = dialect(using)
     now = timezone.now()
     stored = None if result is None else Json(result)
-    assign = {"result": stored, **CLEAR_LEASE, **_progress_assign(progress)}
-    sets, params = ["last_event_seq = last_event_seq + 1", "last_event_at = %s"], [d.ts(now)]
-    for column, value in assign.items():
-        sql, values = _adapt(d, value)
-        sets.append(f"{column} = {sql}")
-        params.extend(values)
+    sets = [
+        "last_event_seq = last_event_seq + 1",
+        "last_event_at = %s",
+        "worker_id = NULL",
+        "leased_until = NULL",
+        "lease_token = NULL",
+    ]
+    params: list[Any] = [d.ts(now)]
+    sql, values = _adapt(d, stored)
+    sets.append(f"result = {sql}")
+    params.extend(values)
+    current, total = progress or (None, None)
+    for column, value in (("progress_current", current), ("progress_total", total)):
+        if value is not None:
+            sql, values = _progress_sql(column, value)
+            sets.append(sql)
+            params.extend(values)
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(
             f"UPDATE {JOB_TABLE} SET {', '.join(sets)} "
-            "WHERE id = %s AND status = 'running' AND lease_token = %s RETURNING id, last_event_seq",
+            "WHERE id = %s AND status = 'running' AND lease_token = %s "
+            "RETURNING id, last_event_seq, progress_current, progress_total",
             [*params, d.uuid(job_id), d.uuid(lease_token)],
         )
         rows = cursor.fetchall()
         if not rows:
             raise _explain_miss(job_id, RUNNING, lease_token)
-        write_events(cursor, d, rows, Event("job.deferred", fields={"result": result}), now)
-    return rows[0][1]
+        db_id, seq, done, planned = rows[0]
+        deferred = Event("job.deferred", fields={"result": result})
+        write_events(cursor, d, [(db_id, seq)], deferred, now)
+        if planned is not None and done >= planned:
+            seq = complete_job(
+                job_id,
+                lease_token=None,
+                result=deferred_result(result, planned),
+                event_fields={"closed_by": "defer"},
+                using=using,
+            ).seq
+    return seq
 
 
 def fail_job(
@@ -457,32 +505,74 @@ def _retry_assign() -> dict[str, Any]:
     }
 
 
+def notify_job_queues(job_ids: Sequence[uuid.UUID], *, using: str = "default") -> None:
+    """Wake idle and long-polling workers of the queues of ``job_ids`` (PostgreSQL only)."""
+    from jobs.enqueue import notify_queues
+    from jobs.models import Job
+
+    if job_ids and dialect(using).postgres:
+        jobs = Job.objects.using(using).filter(pk__in=list(job_ids))
+        notify_queues(sorted(set(jobs.values_list("queue", flat=True))), using=using)
+
+
 def retry_job(
     job_id: uuid.UUID, *, by: str | None = None, reason: str | None = None, using: str = "default"
 ) -> Moved:
-    """Operator retry: failed or cancelled -> queued, with a fresh attempt budget."""
-    return _move_one(
-        job_id,
-        target=QUEUED,
-        sources=(FAILED, CANCELLED),
-        event=Event("job.retried", message=reason or "", fields=_operator_fields(by, reason)),
-        assign=_retry_assign(),
-        using=using,
-    )
+    """Operator retry: failed or cancelled -> queued, with a fresh attempt budget.
+
+    The fresh budget includes ``lease_requeues``: ``MAX_LEASE_REQUEUES`` counts
+    lease rescues since the last operator retry, which is what an operator
+    retrying a job expects. The job's queue is notified so workers claim it at once.
+    """
+    with transaction.atomic(using=using):
+        moved = _move_one(
+            job_id,
+            target=QUEUED,
+            sources=(FAILED, CANCELLED),
+            event=Event("job.retried", message=reason or "", fields=_operator_fields(by, reason)),
+            assign=_retry_assign(),
+            using=using,
+        )
+        notify_job_queues([job_id], using=using)
+    return moved
 
 
 def retry_jobs(
     job_ids: Sequence[uuid.UUID], *, by: str | None = None, reason: str | None = None
 ) -> list[uuid.UUID]:
     """Bulk operator retry: the failed or cancelled jobs among ``job_ids`` go back to queued."""
-    moved = _move(
-        target=QUEUED,
-        sources=(FAILED, CANCELLED),
-        job_ids=list(job_ids),
-        event=Event("job.retried", message=reason or "", fields=_operator_fields(by, reason)),
-        assign=_retry_assign(),
-    )
+    with transaction.atomic():
+        moved = _move(
+            target=QUEUED,
+            sources=(FAILED, CANCELLED),
+            job_ids=list(job_ids),
+            event=Event("job.retried", message=reason or "", fields=_operator_fields(by, reason)),
+            assign=_retry_assign(),
+        )
+        notify_job_queues([m.id for m in moved])
     return [m.id for m in moved]
+
+
+ANCESTORS_CANCELLED_SQL = (
+    "WITH RECURSIVE up(id, parent_id, status) AS ("
+    f"SELECT p.id, p.parent_id, p.status FROM {JOB_TABLE} c "
+    f"JOIN {JOB_TABLE} p ON p.id = c.parent_id WHERE c.id = %s "
+    f"UNION SELECT p.id, p.parent_id, p.status FROM {JOB_TABLE} p JOIN up ON p.id = up.parent_id"
+    ") SELECT 1 FROM up WHERE status = 'cancelled' LIMIT 1"
+)
+
+
+def has_cancelled_ancestor(job_id: uuid.UUID, *, using: str = "default") -> bool:
+    """Whether any ancestor of the job (parent, grandparent, …) is cancelled.
+
+    The claim-time check for a child: a cancel cascades down in one
+    transaction, but a child claimed just before it, or enqueued under a
+    subtree whose root was cancelled, must not run either.
+    """
+    d = dialect(using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(ANCESTORS_CANCELLED_SQL, [d.uuid(job_id)])
+        return cursor.fetchone() is not None
 
 
 # --- events during a run ----------------------------------------------------
@@ -508,10 +598,11 @@ def emit_event(
     now = timezone.now()
     sets = ["last_event_seq = last_event_seq + 1", "last_event_at = %s"]
     params: list[Any] = [d.ts(now)]
-    for key, column in (("_progress_current", "progress_current"), ("_progress_total", "progress_total")):
+    for key in ("_progress_current", "_progress_total"):
         if fields.get(key) is not None:
-            sets.append(f"{column} = %s")
-            params.append(int(fields[key]))
+            sql, values = _progress_sql(key[1:], fields[key])
+            sets.append(sql)
+            params.extend(values)
     where, where_params = "id = %s", [d.uuid(job_id)]
     if lease_token is not None:
         where += " AND status = 'running' AND lease_token = %s"

@@ -33,14 +33,15 @@ def run_message(flight: MessageFlight) -> str:
             batches.drop_message(message)
             outcome = "dropped"
         elif message.queue.endswith(".write"):
-            outcome = "closed_parent" if batches.write_batch(message) else "written"
+            outcome = batches.write_batch(message)
         else:
             op = batches.batch_registry.get(message.operation)
             output = op.process(message.payload)
-            batches.hand_to_write_queue(message, output)
-            outcome = "processed"
+            outcome = "processed" if batches.hand_to_write_queue(message, output) else "superseded"
     except Exception as error:  # noqa: BLE001 - a failed batch is retried or fails its parent
-        log.warning("batch.error message=%s parent=%s error=%s", message.id, message.parent_id, error)
+        log.warning(
+            "batch.error message=%s parent=%s error=%s", message.id, message.parent_id, error
+        )
         try:
             outcome = "failed_parent" if batches.fail_batch(message, error) else "retry_scheduled"
         except Exception:  # noqa: BLE001 - the visibility timeout brings it back
@@ -62,7 +63,11 @@ def extend_visibility(message_ids: list[int], seconds: float) -> None:
 
 
 def release_messages(message_ids: list[int]) -> None:
-    """Make messages visible again at once (shutdown); the attempt is not counted."""
+    """Make messages visible again at once (shutdown); the attempt is not counted.
+
+    Graceful shutdowns so never use up a message's ``max_attempts``, which the
+    claim enforces against consumers that die on it.
+    """
     for message_id in message_ids:
         BatchMessage.objects.filter(pk=message_id, attempts__gt=0).update(
             visible_after=timezone.now(), attempts=F("attempts") - 1

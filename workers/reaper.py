@@ -3,9 +3,11 @@
 Each pass (``run_once``) handles, in order: workers whose heartbeat went
 silent (their jobs are treated as expired leases, the rows removed), expired
 leases (requeued up to ``MAX_LEASE_REQUEUES``, then failed), jobs past the
-hard timeout that also stopped writing events, and retention. Every rescue
-is a guarded UPDATE, so several reapers can run at once (one per machine)
-without acting twice.
+hard timeout that also stopped writing events, retention, and the purge of
+batch messages left by finished parents. Every rescue is a guarded UPDATE
+and every deletion repeats its conditions, so several reapers can run at
+once (one per machine) without acting twice. Deferred parents hold no lease:
+only the timeout (with its stall grace) applies to them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -27,6 +29,12 @@ from workers.resilience import backoff_delay, is_transient, reset_connection
 log = logging.getLogger("workers")
 
 
+# Bounds of one pass: each step handles at most this many batches, so a
+# huge backlog is worked off over several passes and every step gets its turn.
+ROUNDS_PER_PASS = 10
+TERMINAL = "('succeeded', 'failed', 'cancelled')"
+
+
 @dataclass
 class ReaperResult:
     workers_swept: int = 0
@@ -36,6 +44,7 @@ class ReaperResult:
     operations_hidden: int = 0
     jobs_deleted: int = 0
     messages_purged: int = 0
+    errors: int = 0
 
     def __str__(self) -> str:
         return " ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -47,12 +56,37 @@ class Reaper:
         self.stopping = threading.Event()
 
     def run_once(self) -> ReaperResult:
+        """One pass over every step.
+
+        A non-transient error in one step (a bug, a constraint hit by a
+        concurrent insert) is logged and counted in ``errors`` and the other
+        steps still run; a transient one (database gone) ends the pass and
+        the caller backs off.
+        """
         result = ReaperResult()
-        c = self.config
         now = timezone.now()
+        steps = (
+            ("leases", self._leases),
+            ("orphan_operations", self._orphan_operations),
+            ("timeouts", self._timeouts),
+            ("retention", self._retention),
+            ("purge", self._purge),
+        )
+        for name, step in steps:
+            try:
+                step(now, result)
+            except Exception as error:
+                if is_transient(error):
+                    raise
+                result.errors += 1
+                log.exception("reaper.step_failed step=%s error=%s", name, error)
+        return result
+
+    def _leases(self, now: datetime, result: ReaperResult) -> None:
+        c = self.config
         cutoff = now - timedelta(seconds=c.worker_timeout_seconds)
         stale = list(Worker.objects.filter(last_heartbeat__lt=cutoff).values_list("pk", flat=True))
-        while True:
+        for _ in range(ROUNDS_PER_PASS):
             requeued, failed = requeue_expired_leases(
                 max_requeues=c.max_lease_requeues, worker_ids=stale, limit=c.batch_size
             )
@@ -60,47 +94,45 @@ class Reaper:
             result.lease_failed += len(failed)
             if len(requeued) < c.batch_size and len(failed) < c.batch_size:
                 break
+        else:
+            return  # more to do: keep the stale workers' rows until their jobs are all rescued
         if stale:
             # Only rows still silent now: a worker that came back keeps its row.
             result.workers_swept, _ = Worker.objects.filter(
                 pk__in=stale, last_heartbeat__lt=cutoff
             ).delete()
+
+    def _orphan_operations(self, now: datetime, result: ReaperResult) -> None:
         result.operations_hidden = _hide_orphan_operations()
-        result.timed_out = len(
-            fail_timed_out(
+
+    def _timeouts(self, now: datetime, result: ReaperResult) -> None:
+        c = self.config
+        for _ in range(ROUNDS_PER_PASS):
+            failed = fail_timed_out(
                 timeout_seconds=c.timeout_seconds, stall_seconds=c.stall_seconds, limit=c.batch_size
             )
-        )
-        result.jobs_deleted, result.messages_purged = self._retention(now)
-        return result
+            result.timed_out += len(failed)
+            if len(failed) < c.batch_size:
+                break
 
-    def _retention(self, now) -> tuple[int, int]:
-        """Delete finished jobs (leaves first) and their events in bounded batches."""
-        d = dialect()
-        cutoff = d.ts(now - timedelta(days=self.config.retention_days))
+    def _retention(self, now: datetime, result: ReaperResult) -> None:
+        """Delete finished jobs past the retention (leaves first) with their rows, in batches."""
         size = int(self.config.retention_batch_size)
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT j.id FROM jobs_job j WHERE j.status IN ('succeeded', 'failed', 'cancelled') "
-                "AND j.finished_at < %s AND NOT EXISTS "
-                "(SELECT 1 FROM jobs_job c WHERE c.parent_id = j.id) LIMIT %s",
-                [cutoff, size],
-            )
-            ids = [r[0] for r in cursor.fetchall()]
-            if ids:
-                marks = d.in_list(len(ids))
-                for table in ("jobs_jobevent", "jobs_batchreceipt", "jobs_batchmessage"):
-                    column = "job_id" if table == "jobs_jobevent" else "parent_id"
-                    cursor.execute(f"DELETE FROM {table} WHERE {column} IN {marks}", ids)
-                cursor.execute(f"DELETE FROM jobs_job WHERE id IN {marks}", ids)
-            cursor.execute(
-                "DELETE FROM jobs_batchmessage WHERE id IN (SELECT m.id FROM jobs_batchmessage m "
-                "JOIN jobs_job p ON p.id = m.parent_id "
-                "WHERE p.status IN ('succeeded', 'failed', 'cancelled') LIMIT %s)",
-                [size],
-            )
-            purged = cursor.rowcount
-        return len(ids), max(purged, 0)
+        cutoff = now - timedelta(days=self.config.retention_days)
+        for _ in range(ROUNDS_PER_PASS):
+            deleted = delete_finished_jobs(cutoff, size)
+            result.jobs_deleted += deleted
+            if deleted < size:
+                break
+
+    def _purge(self, now: datetime, result: ReaperResult) -> None:
+        """Drop the leftover batch messages of parents that finished (timeout, failure)."""
+        size = int(self.config.retention_batch_size)
+        for _ in range(ROUNDS_PER_PASS):
+            purged = purge_messages_of_finished_parents(size)
+            result.messages_purged += purged
+            if purged < size:
+                break
 
     def run(self) -> None:
         failures = 0
@@ -112,14 +144,76 @@ class Reaper:
                 log.info("reaper.pass %s", result)
                 delay = self.config.interval_seconds
             except Exception as error:
-                if not is_transient(error):
-                    raise
-                delay = backoff_delay(failures)
-                failures += 1
-                log.warning("reaper.db_unavailable delay=%.2fs error=%s", delay, error)
+                if is_transient(error):
+                    delay = backoff_delay(failures)
+                    failures += 1
+                    log.warning("reaper.db_unavailable delay=%.2fs error=%s", delay, error)
+                else:  # never let one bad pass end the reaper
+                    delay = self.config.interval_seconds
+                    log.exception("reaper.pass_failed error=%s", error)
                 reset_connection()
             self.stopping.wait(delay)
         log.info("reaper.stopped")
+
+
+def delete_finished_jobs(cutoff: datetime, limit: int) -> int:
+    """Delete up to ``limit`` jobs finished before ``cutoff`` that have no children, and their rows.
+
+    The DELETE repeats every condition of the pick, so a job an operator
+    retried meanwhile, or one that got a child, stays. On PostgreSQL the pick
+    locks its rows and skips locked ones (a retry or a child insert in
+    flight), so two reapers never pick the same job. The events, receipts and
+    messages of exactly the deleted jobs go in the same transaction (the
+    foreign keys are checked at commit). Returns the number of jobs deleted.
+    """
+    d = dialect()
+    lock = " FOR UPDATE OF j SKIP LOCKED" if d.postgres else ""
+    finished = f"status IN {TERMINAL} AND finished_at < %s"
+    leaf = "NOT EXISTS (SELECT 1 FROM jobs_job c WHERE c.parent_id = {table}.id)"
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM jobs_job WHERE {finished} AND {leaf.format(table='jobs_job')} "
+            f"AND id IN (SELECT j.id FROM jobs_job j WHERE {finished} "
+            f"AND {leaf.format(table='j')} LIMIT %s{lock}) RETURNING id",
+            [d.ts(cutoff), d.ts(cutoff), int(limit)],
+        )
+        ids = [r[0] for r in cursor.fetchall()]
+        if ids:
+            marks = d.in_list(len(ids))
+            for table, column in (
+                ("jobs_jobevent", "job_id"),
+                ("jobs_batchreceipt", "parent_id"),
+                ("jobs_batchmessage", "parent_id"),
+            ):
+                cursor.execute(f"DELETE FROM {table} WHERE {column} IN {marks}", ids)
+    return len(ids)
+
+
+def purge_messages_of_finished_parents(limit: int) -> int:
+    """Delete up to ``limit`` batch messages whose parent has finished.
+
+    Driven from the parents: first the finished parents that still have
+    messages, then their messages, with the parent's status repeated in the
+    DELETE so a parent an operator retried (and that dispatched again) keeps
+    its new messages. Returns the number of messages deleted.
+    """
+    d = dialect()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT p.id FROM jobs_job p WHERE p.status IN {TERMINAL} "
+            "AND p.id IN (SELECT m.parent_id FROM jobs_batchmessage m) LIMIT %s",
+            [int(limit)],
+        )
+        parents = [r[0] for r in cursor.fetchall()]
+        if not parents:
+            return 0
+        cursor.execute(
+            "DELETE FROM jobs_batchmessage WHERE id IN (SELECT m.id FROM jobs_batchmessage m "
+            f"WHERE m.parent_id IN {d.in_list(len(parents))} AND EXISTS (SELECT 1 FROM jobs_job p "
+            f"WHERE p.id = m.parent_id AND p.status IN {TERMINAL}) LIMIT %s)",
+            [*parents, int(limit)],
+        )
+        return max(cursor.rowcount, 0)
 
 
 def _hide_orphan_operations() -> int:
