@@ -7,17 +7,23 @@ clean 404 and read the body as a JSON object or refuse it.
 
 from __future__ import annotations
 
+import functools
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+from django.db import DatabaseError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from dashboard.db import bounded_reads, is_timeout
 from jobs import selectors
 from jobs.api import remote_views
+from jobs.api.errors import error_response
 from jobs.api.parsers import LimitedJSONParser
 from jobs.api.permissions import MethodPermission
 from jobs.api.serializers import ErrorSerializer
@@ -32,6 +38,8 @@ def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
         404: "No such job, queue or worker.",
         409: "The job is not in a state that allows this.",
         413: "The request body is too large.",
+        503: "The read took longer than the statement timeout (PostgreSQL); "
+             "narrow the filters (see the index-backed ones) and try again.",
     }
     return {code: OpenApiResponse(ErrorSerializer, description=described[code]) for code in codes}
 
@@ -39,6 +47,36 @@ def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
 def remote_body(name: str) -> Any:
     """A request serializer of the remote-worker protocol, for the schema only."""
     return getattr(remote_views, name, OpenApiTypes.OBJECT)
+
+
+def bounded(method: Callable[..., Response]) -> Callable[..., Response]:
+    """Run a read-only view method under the statement timeout; a timeout becomes a 503.
+
+    On PostgreSQL every query of the method (page, count, lookups) runs in one
+    read transaction with ``SET LOCAL statement_timeout`` (``dashboard.db``),
+    so a filter that no index serves on a big table costs at most the timeout
+    instead of holding a connection for minutes. SQLite has no statement
+    timeout: there the reads run as they are. The mechanism and its knob
+    (``DASHBOARD_STATEMENT_TIMEOUT_MS``) are the dashboard's, shared rather than
+    copied, so one setting bounds every read an operator can trigger.
+    """
+
+    @functools.wraps(method)
+    def wrapped(self: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            with bounded_reads():
+                return method(self, request, *args, **kwargs)
+        except DatabaseError as error:
+            if not is_timeout(error):
+                raise
+            return error_response(
+                "The query took longer than the server allows; narrow the filters "
+                "(status, queue, parent, created_after/created_before are index-backed) "
+                "and try again.",
+                503,
+            )
+
+    return wrapped
 
 
 JOB_ID = OpenApiParameter("job_id", OpenApiTypes.UUID, OpenApiParameter.PATH)

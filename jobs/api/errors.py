@@ -1,10 +1,15 @@
 """One error shape for every 4xx (and 5xx): ``{"message": ..., "errors": {field: [...]}}``.
 
 ``exception_handler`` is DRF's (settings ``EXCEPTION_HANDLER``): it renders
-the project's exceptions and DRF's own in that shape. ``handler404`` and
-``handler500`` do the same for requests that never reach a DRF view (an
-unknown API path, an unexpected crash) when the path belongs to the API;
-other paths keep Django's pages.
+the project's exceptions and DRF's own in that shape, and Django's
+``SuspiciousOperation`` family (more than ``DATA_UPLOAD_MAX_NUMBER_FIELDS``
+query parameters, a bad Host header) as 400. ``handler400``, ``handler403``,
+``handler404`` and ``handler500`` do the same for requests that never reach a
+DRF view (rejected by middleware, an unknown API path, an unexpected crash)
+when the path belongs to the API; other paths (the dashboard, the admin) keep
+Django's HTML pages. ``api_not_found`` is routed after every API route, so an
+unknown API path is JSON even with ``DEBUG`` on (Django's debug 404 page
+never calls ``handler404``).
 """
 
 from __future__ import annotations
@@ -12,9 +17,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.conf import settings
+from django.core.exceptions import (
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -66,6 +77,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, RequestDataTooBig):
         # Django's own DATA_UPLOAD_MAX_MEMORY_SIZE check (DRF reads request.body).
         exc = too_large(body_limit() or 0)
+    elif isinstance(exc, SuspiciousOperation):
+        # TooManyFieldsSent, DisallowedHost, ...: Django answers these 400 (or a
+        # debug page) only when they escape the view; here they stay JSON.
+        logger.warning("Refused a suspicious request: %s", exc)
+        return error_response(suspicious_message(exc), status.HTTP_400_BAD_REQUEST)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -83,6 +99,44 @@ def is_api_path(path: str) -> bool:
     """True for paths the REST API owns (``/jobs…``, ``/queues…``, ``/workers…``, ``/schema…``)."""
     first = path.lstrip("/").split("/", 1)[0]
     return first in API_PREFIXES
+
+
+def suspicious_message(exc: BaseException) -> str:
+    """A sentence for a ``SuspiciousOperation`` that tells the client what to change."""
+    name = type(exc).__name__
+    if name == "TooManyFieldsSent":
+        return (f"The request has more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} "
+                "parameters; send fewer.")
+    if name == "DisallowedHost":
+        return "The Host header names a host this server does not serve."
+    return "The request was refused as malformed; check its headers and parameters."
+
+
+def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Requests refused before any view (bad Host header, too many parameters): JSON for the API."""
+    if is_api_path(request.path):
+        message = (suspicious_message(exception) if exception is not None
+                   else "The request is malformed.")
+        return JsonResponse(error_body(message), status=400)
+    return defaults.bad_request(request, exception)
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``PermissionDenied`` raised outside a DRF view: JSON for the API."""
+    if is_api_path(request.path):
+        detail = str(exception) if isinstance(exception, PermissionDenied) and str(exception) \
+            else "You do not have permission to perform this action."
+        return JsonResponse(error_body(detail), status=403)
+    return defaults.permission_denied(request, exception)
+
+
+@csrf_exempt  # a POST with a session cookie still gets this JSON, not the CSRF page
+def api_not_found(request: HttpRequest) -> HttpResponse:
+    """The last API route: any other path under an API prefix, any method, DEBUG or not."""
+    return JsonResponse(
+        error_body(f"There is no API route at {request.path}; see /schema for the routes."),
+        status=404,
+    )
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 
 from jobs import selectors
 from jobs.api import actions
-from jobs.api.base import QUEUE_NAME, ApiView, error_responses
+from jobs.api.base import QUEUE_NAME, ApiView, bounded, error_responses
 from jobs.api.permissions import CHANGE, VIEW
 from jobs.api.serializers import QueueSerializer
 
@@ -24,7 +24,8 @@ class QueueListView(ApiView):
     required_permissions = {"GET": VIEW}
 
     @extend_schema(operation_id="queues_list", summary="Every queue with its figures",
-                   responses={200: QueueSerializer(many=True), **error_responses(401, 403)})
+                   responses={200: QueueSerializer(many=True), **error_responses(401, 403, 503)})
+    @bounded
     def get(self, request: Request) -> Response:
         return Response([_queue_json(q) for q in selectors.queue_stats()])
 

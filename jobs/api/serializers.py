@@ -98,7 +98,8 @@ class JobPageSerializer(serializers.Serializer):
     )
     count = serializers.IntegerField(
         allow_null=True,
-        help_text="Matching jobs, counted up to COUNT_CAP (null if the count ran out of time).",
+        help_text="Matching jobs, counted up to COUNT_CAP. Null on pages reached by a cursor "
+                  "(unless count=true) and when the count ran out of time (count_capped true).",
     )
     count_capped = serializers.BooleanField(
         help_text="True when more jobs match than 'count' says."
@@ -179,7 +180,8 @@ class EventSerializer(serializers.ModelSerializer):
 class EventPageSerializer(serializers.Serializer):
     results = EventSerializer(many=True)
     last_seq = serializers.IntegerField(
-        help_text="Pass it as 'after' on the next poll: the largest seq returned, or 'after'."
+        help_text="Pass it as 'after' on the next poll: the largest seq returned, or else "
+                  "the smaller of 'after' and the job's last seq (never past the real end)."
     )
     has_more = serializers.BooleanField(
         help_text="True when the page was full: poll again at once."

@@ -21,7 +21,14 @@ from rest_framework.utils.urls import replace_query_param
 
 from jobs import selectors
 from jobs.api import actions, remote_views
-from jobs.api.base import FILTER_PARAMETERS, JOB_ID, ApiView, error_responses, remote_body
+from jobs.api.base import (
+    FILTER_PARAMETERS,
+    JOB_ID,
+    ApiView,
+    bounded,
+    error_responses,
+    remote_body,
+)
 from jobs.api.permissions import ADD, CHANGE, REMOTE, VIEW
 from jobs.api.serializers import (
     BulkActionSerializer,
@@ -51,9 +58,13 @@ class JobListView(ApiView):
             OpenApiParameter("limit", OpenApiTypes.INT,
                              description=f"Page size, 1 to {selectors.MAX_PAGE_SIZE} "
                                          f"(default {selectors.DEFAULT_PAGE_SIZE})."),
+            OpenApiParameter("count", OpenApiTypes.BOOL,
+                             description="Count the matching jobs (default: on the first "
+                                         "page only, not on pages reached by a cursor)."),
         ],
-        responses={200: JobPageSerializer, **error_responses(400, 401, 403)},
+        responses={200: JobPageSerializer, **error_responses(400, 401, 403, 503)},
     )
+    @bounded
     def get(self, request: Request) -> Response:
         params = request.query_params
         filters = selectors.job_filters_from_query(params)
@@ -62,8 +73,11 @@ class JobListView(ApiView):
             default=selectors.DEFAULT_PAGE_SIZE,
             maximum=selectors.MAX_PAGE_SIZE,
         )
-        page = selectors.job_list(filters, params.get("cursor") or None, limit)
-        count = selectors.job_count(filters)
+        cursor = params.get("cursor") or None
+        wanted = _flag(params.get("count"), "count", default=cursor is None)
+        page = selectors.job_list(filters, cursor, limit)
+        # A count costs up to COUNT_CAP rows: worth it once per listing, not per page.
+        count = selectors.job_count(filters) if wanted else None
         next_url = (
             replace_query_param(request.build_absolute_uri(), "cursor", page.next_cursor)
             if page.next_cursor
@@ -72,9 +86,9 @@ class JobListView(ApiView):
         return Response({
             "results": JobSerializer(page.results, many=True).data,
             "next": next_url,
-            "count": count.value,
-            "count_capped": count.capped,
-            "count_estimate": count.estimate,
+            "count": count.value if count else None,
+            "count_capped": count.capped if count else False,
+            "count_estimate": count.estimate if count else None,
         })
 
     @extend_schema(
@@ -97,11 +111,18 @@ class JobListView(ApiView):
             if existing is not None:
                 return Response(JobSerializer(existing).data, status=status.HTTP_200_OK)
         operation = data.pop("operation")
-        payload = data.pop("payload", {})
+        payload = data.pop("payload", None)
+        payload = {} if payload is None else payload
         options = {name: value for name, value in data.items() if value is not None}
         job = enqueue(operation, payload, **options)
+        # Another request with the same key may have committed between the check
+        # above and the insert: enqueue then returns that job, read back from the
+        # database. A job this call inserted is built around the very payload
+        # object passed in, so identity tells the two apart without a second query.
+        created = job.payload is payload
         job = Job.objects.get(pk=job.pk)
-        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+        code = status.HTTP_201_CREATED if created or not key else status.HTTP_200_OK
+        return Response(JobSerializer(job).data, status=code)
 
 
 class JobDetailView(ApiView):
@@ -136,8 +157,9 @@ class JobEventsView(ApiView):
                              description=f"At most this many (1 to {selectors.MAX_EVENT_LIMIT}, "
                                          f"default {selectors.DEFAULT_EVENT_LIMIT})."),
         ],
-        responses={200: EventPageSerializer, **error_responses(400, 401, 403, 404)},
+        responses={200: EventPageSerializer, **error_responses(400, 401, 403, 404, 503)},
     )
+    @bounded
     def get(self, request: Request, job_id: str) -> Response:
         pk = self.job_id(job_id)
         after = self._after(request.query_params.get("after"))
@@ -147,11 +169,18 @@ class JobEventsView(ApiView):
             maximum=selectors.MAX_EVENT_LIMIT,
         )
         events = selectors.job_events_after(pk, after, limit)
-        if not events and selectors.job_get(pk) is None:
-            raise NotFound(f"No job with id {job_id} exists.")
+        if events:
+            last_seq = events[-1].seq
+        else:
+            # Never past the real end: a client that sent a bad 'after' resumes
+            # from the last event that exists and misses none written later.
+            last = selectors.job_last_seq(pk)
+            if last is None:
+                raise NotFound(f"No job with id {job_id} exists.")
+            last_seq = min(after, last)
         return Response({
             "results": [_event_json(e) for e in events],
-            "last_seq": events[-1].seq if events else after,
+            "last_seq": last_seq,
             "has_more": len(events) == limit,
         })
 
@@ -177,6 +206,18 @@ class JobEventsView(ApiView):
     )
     def post(self, request: Request, job_id: str) -> Response:
         return remote_views.post_event(request, job_id)
+
+
+def _flag(raw: str | None, name: str, *, default: bool) -> bool:
+    """A yes/no query parameter (``true``/``false``, ``1``/``0``, ``yes``/``no``)."""
+    if raw in (None, ""):
+        return default
+    value = str(raw).strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ValidationError({name: [f"'{name}' must be true or false."]})
 
 
 def _event_json(event: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from jobs import selectors
 from jobs.api import remote_views
-from jobs.api.base import WORKER_ID, ApiView, error_responses, remote_body
+from jobs.api.base import WORKER_ID, ApiView, bounded, error_responses, remote_body
 from jobs.api.permissions import REMOTE, VIEW
 from jobs.api.serializers import WorkerSerializer
 
@@ -23,7 +23,9 @@ class WorkerListView(ApiView):
     required_permissions = {"GET": VIEW, "POST": REMOTE}
 
     @extend_schema(operation_id="workers_list", summary="Every worker with its running jobs",
-                   responses={200: WorkerSerializer(many=True), **error_responses(401, 403)})
+                   responses={200: WorkerSerializer(many=True),
+                              **error_responses(401, 403, 503)})
+    @bounded
     def get(self, request: Request) -> Response:
         return Response(WorkerSerializer(selectors.worker_list(), many=True).data)
 

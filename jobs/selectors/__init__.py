@@ -45,6 +45,7 @@ from jobs.selectors.jobs import (
     job_events_after,
     job_get,
     job_ids_batches,
+    job_last_seq,
     job_list,
     job_queryset,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "job_filters_from_query",
     "job_get",
     "job_ids_batches",
+    "job_last_seq",
     "job_list",
     "job_queryset",
     "parse_limit",

@@ -160,10 +160,13 @@ def parse_uuid(value: Any) -> uuid.UUID | None:
 
 
 def parse_timestamp(value: Any) -> datetime | None:
-    """An ISO 8601 timestamp (naive means UTC), or None when it is not one.
+    """An ISO 8601 timestamp in UTC (naive means UTC), or None when it is not one.
 
     A ``+`` of an offset that arrived unencoded in a query string reads as a
-    space; it is put back.
+    space; it is put back. A time whose UTC equivalent falls outside years
+    1 to 9999 (``0001-01-01T00:00+05:00``) is not one either: converting it
+    for the database would overflow (a 500 on SQLite) instead of matching
+    nothing.
     """
     if isinstance(value, datetime):
         parsed: datetime | None = value
@@ -177,9 +180,14 @@ def parse_timestamp(value: Any) -> datetime | None:
             return None
     else:
         return None
-    if parsed is not None and timezone.is_naive(parsed):
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed
+    if parsed is None:
+        return None
+    if timezone.is_naive(parsed):
+        return parsed.replace(tzinfo=UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        return None
 
 
 def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) -> JobFilters:
@@ -220,7 +228,9 @@ def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) 
         raw = _single(data, name)
         stamps[name] = parse_timestamp(raw) if raw is not None else None
         if raw is not None and stamps[name] is None:
-            errors[name] = [f"'{name}' must be an ISO 8601 timestamp."]
+            errors[name] = [
+                f"'{name}' must be an ISO 8601 timestamp between years 1 and 9999 (UTC)."
+            ]
     q = _single(data, "q")
     if q is not None and not isinstance(q, str):
         errors["q"] = ["'q' must be a string."]

@@ -34,8 +34,13 @@ def test_events_after_a_seq_ascending(viewer):
     assert [e["seq"] for e in after["results"]] == [4, 5] and after["last_seq"] == 5
     empty = viewer.get(f"/jobs/{job.pk}/events", after=5).json()
     assert empty == {"results": [], "last_seq": 5, "has_more": False}
+    # An 'after' past the end is capped at the real last seq: the client resumes
+    # there and sees seq 6 when it comes, instead of skipping to 100.
     beyond = viewer.get(f"/jobs/{job.pk}/events", after=99).json()
-    assert beyond["results"] == [] and beyond["last_seq"] == 99
+    assert beyond["results"] == [] and beyond["last_seq"] == 5
+    emit_event(job.pk, event="test.late", lease_token=held.lease_token)
+    resumed = viewer.get(f"/jobs/{job.pk}/events", after=beyond["last_seq"]).json()
+    assert [e["seq"] for e in resumed["results"]] == [6] and resumed["last_seq"] == 6
 
 
 @pytest.mark.django_db
