@@ -84,7 +84,8 @@ class SchemaDocsView(SpectacularSwaggerView):
 # body serializers they validate with, so /schema lists every route.
 
 def _remote_post_extension(view: str, operation_id: str, summary: str, body: str,
-                           parameter: OpenApiParameter) -> type[OpenApiViewExtension]:
+                           parameter: OpenApiParameter,
+                           response: str) -> type[OpenApiViewExtension]:
     class RemoteRouteSchema(OpenApiViewExtension):
         target_class = f"jobs.api.remote_views.{view}"
 
@@ -92,7 +93,7 @@ def _remote_post_extension(view: str, operation_id: str, summary: str, body: str
             if "schema" in getattr(self.target.post, "kwargs", {}):
                 return self.target  # already annotated where it is defined
 
-            from jobs.api import remote_views
+            from jobs.api import remote_views, serializers
             from jobs.api.base import error_responses
 
             class Described(self.target):
@@ -101,7 +102,8 @@ def _remote_post_extension(view: str, operation_id: str, summary: str, body: str
                     parameters=[parameter],
                     request=getattr(remote_views, body, OpenApiTypes.OBJECT),
                     responses={
-                        200: OpenApiTypes.OBJECT, **error_responses(400, 401, 403, 404, 409)
+                        200: getattr(serializers, response),
+                        **error_responses(400, 401, 403, 404, 409, 413),
                     },
                 )
                 def post(self, request, *args, **kwargs):
@@ -117,9 +119,9 @@ _JOB_ID = OpenApiParameter("job_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 _WORKER_ID = OpenApiParameter("worker_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 REMOTE_ROUTE_SCHEMAS = [
     _remote_post_extension("ClaimView", "workers_claim", "Remote worker: claim jobs",
-                           "ClaimBody", _WORKER_ID),
+                           "ClaimBody", _WORKER_ID, "ClaimResultSerializer"),
     _remote_post_extension("CompleteView", "jobs_complete", "Remote worker: complete a held job",
-                           "CompleteBody", _JOB_ID),
+                           "CompleteBody", _JOB_ID, "OutcomeSerializer"),
     _remote_post_extension("FailView", "jobs_fail", "Remote worker: fail a held job",
-                           "FailBody", _JOB_ID),
+                           "FailBody", _JOB_ID, "OutcomeSerializer"),
 ]

@@ -231,3 +231,72 @@ class ErrorSerializer(serializers.Serializer):
 
     message = serializers.CharField()
     errors = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+
+
+# --- the remote-worker protocol (responses, for the schema) ----------------------
+# ``jobs.api.remote_views`` renders these as plain dicts; these serializers
+# describe exactly those dicts so /schema (and schemathesis) can check them.
+
+class RemoteWorkerSerializer(serializers.Serializer):
+    """``POST /workers`` (201): the registered worker and what the client paces itself by."""
+
+    id = serializers.UUIDField()
+    name = serializers.CharField(allow_blank=True)
+    kind = serializers.ChoiceField(choices=["local", "remote"])
+    hostname = serializers.CharField(allow_blank=True)
+    pid = serializers.IntegerField(allow_null=True)
+    queues = serializers.ListField(child=serializers.CharField())
+    operations = serializers.ListField(child=serializers.CharField())
+    concurrency = serializers.IntegerField()
+    started_at = serializers.DateTimeField()
+    last_heartbeat = serializers.DateTimeField()
+    heartbeat_interval = serializers.FloatField(help_text="Seconds between heartbeats.")
+    lease_seconds = serializers.FloatField(help_text="How long a claim holds a job.")
+    worker_timeout = serializers.FloatField(help_text="Silence after which the worker is swept.")
+    poll_interval = serializers.FloatField()
+    max_wait = serializers.FloatField(help_text="The largest 'wait' a claim honours.")
+    websocket = serializers.CharField(help_text="Path of the job.available WebSocket.")
+
+
+class HeartbeatResultSerializer(RemoteWorkerSerializer):
+    """``PATCH /workers/<id>``: the worker, and which held jobs it keeps, lost or must stop."""
+
+    held = serializers.ListField(child=serializers.UUIDField())
+    lost = serializers.ListField(child=serializers.UUIDField())
+    cancelled = serializers.ListField(child=serializers.UUIDField())
+
+
+class DisconnectResultSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    requeued = serializers.ListField(
+        child=serializers.UUIDField(), help_text="Its running jobs, back in 'queued'."
+    )
+
+
+class ClaimedJobSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    operation = serializers.CharField()
+    queue = serializers.CharField()
+    payload = serializers.JSONField()
+    attempt = serializers.IntegerField()
+    attempts = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    parent = serializers.UUIDField(allow_null=True)
+    status = serializers.ChoiceField(choices=["running"])
+    lease_token = serializers.UUIDField(help_text="Send it with every call on this job.")
+
+
+class ClaimResultSerializer(serializers.Serializer):
+    jobs = ClaimedJobSerializer(many=True)
+
+
+class EventCreatedSerializer(serializers.Serializer):
+    job = serializers.UUIDField()
+    seq = serializers.IntegerField()
+
+
+class OutcomeSerializer(serializers.Serializer):
+    """``POST /jobs/<id>/complete`` and ``/fail``: the job's state after the call."""
+
+    id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=list(STATES))

@@ -34,6 +34,7 @@ from jobs.api.serializers import (
     BulkActionSerializer,
     BulkResultSerializer,
     EnqueueSerializer,
+    EventCreatedSerializer,
     EventPageSerializer,
     JobDetailSerializer,
     JobPageSerializer,
@@ -201,7 +202,7 @@ class JobEventsView(ApiView):
         summary="Remote worker: emit an event on a held job",
         parameters=[JOB_ID],
         request=remote_body("EventBody"),
-        responses={201: OpenApiTypes.OBJECT, **error_responses(400, 401, 403, 404, 409)},
+        responses={201: EventCreatedSerializer, **error_responses(400, 401, 403, 404, 409, 413)},
         tags=["remote workers"],
     )
     def post(self, request: Request, job_id: str) -> Response:

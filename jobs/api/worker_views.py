@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
@@ -16,7 +15,12 @@ from jobs import selectors
 from jobs.api import remote_views
 from jobs.api.base import WORKER_ID, ApiView, bounded, error_responses, remote_body
 from jobs.api.permissions import REMOTE, VIEW
-from jobs.api.serializers import WorkerSerializer
+from jobs.api.serializers import (
+    DisconnectResultSerializer,
+    HeartbeatResultSerializer,
+    RemoteWorkerSerializer,
+    WorkerSerializer,
+)
 
 
 class WorkerListView(ApiView):
@@ -31,7 +35,7 @@ class WorkerListView(ApiView):
 
     @extend_schema(operation_id="workers_register", summary="Remote worker: register",
                    request=remote_body("RegisterBody"),
-                   responses={201: OpenApiTypes.OBJECT, **error_responses(400, 401, 403)},
+                   responses={201: RemoteWorkerSerializer, **error_responses(400, 401, 403, 413)},
                    tags=["remote workers"])
     def post(self, request: Request) -> Response:
         return remote_views.register_worker(request)
@@ -50,14 +54,15 @@ class WorkerDetailView(ApiView):
 
     @extend_schema(operation_id="workers_heartbeat", summary="Remote worker: heartbeat",
                    parameters=[WORKER_ID], request=remote_body("HeartbeatBody"),
-                   responses={200: OpenApiTypes.OBJECT, **error_responses(400, 401, 403, 404)},
+                   responses={200: HeartbeatResultSerializer,
+                              **error_responses(400, 401, 403, 404, 413)},
                    tags=["remote workers"])
     def patch(self, request: Request, worker_id: str) -> Response:
         return remote_views.heartbeat_worker(request, worker_id)
 
     @extend_schema(operation_id="workers_disconnect", summary="Remote worker: disconnect",
                    parameters=[WORKER_ID], request=None,
-                   responses={200: OpenApiTypes.OBJECT, **error_responses(401, 403, 404)},
+                   responses={200: DisconnectResultSerializer, **error_responses(401, 403, 404)},
                    tags=["remote workers"])
     def delete(self, request: Request, worker_id: str) -> Response:
         return remote_views.disconnect_worker(request, worker_id)

@@ -103,3 +103,23 @@ def assert_error_shape(response, status: int) -> dict[str, Any]:
     for messages in body["errors"].values():
         assert isinstance(messages, list) and all(isinstance(m, str) for m in messages)
     return body
+
+
+# --- the remote-worker protocol, driven through the same client --------------------
+
+def register_worker(api: Api, operations: list[str] | None = None) -> str:
+    """Register a remote worker for ``operations`` (default ``ping``); return its id."""
+    response = api.post("/workers", {"name": "w", "operations": operations or ["ping"]})
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def claim_one(api: Api, worker_id: str) -> tuple[str, str]:
+    """Enqueue a ping job and claim it over HTTP; return ``(job id, lease token)``."""
+    from tests.integration.foundation.helpers import queued
+
+    job = queued(queue="default")  # the queue of ping, which the worker serves
+    response = api.post(f"/workers/{worker_id}/claim", {"limit": 1})
+    assert response.status_code == 200, response.content
+    [held] = [j for j in response.json()["jobs"] if j["id"] == str(job.pk)]
+    return held["id"], held["lease_token"]
