@@ -16,8 +16,16 @@ __all__ = ["ClaimedJob", "Deferred", "RetryableError"]
 
 @dataclass(frozen=True)
 class Deferred:
-    """Return this from an operation to leave its job ``running`` (a coordinator
-    whose batches close it later); ``result`` is stored meanwhile."""
+    """Return this from an operation to leave its job ``running``; ``result`` is stored meanwhile.
+
+    The worker keeps holding the job: its lease token stays valid and the
+    manager's heartbeat keeps extending the lease. Finish it later with
+    ``manager.complete(job, result)`` or ``manager.fail(job, error)`` (the
+    same ``ClaimedJob``; ``manager.held()`` lists them), from any thread, for
+    example when an external system calls back. Until then the job counts as
+    held: a graceful ``disconnect()`` requeues it, and if the process dies the
+    reaper rescues it once the lease expires.
+    """
 
     result: Any = None
 

@@ -260,20 +260,54 @@ class JobManager:
         return 0.0 if self.push_connected or self.long_poll <= 0 else self.long_poll
 
     def listen(self, polling_interval: float | None = None) -> Iterator[ClaimedJob]:
-        """Yield jobs one at a time as they become available, until ``disconnect()``."""
+        """Yield jobs one at a time as they become available, until ``disconnect()``.
+
+        Called from the main thread it also traps SIGINT/SIGTERM, as ``wait()``
+        does: a signal lets the job in hand finish (the caller reports it), then
+        the generator ends and the worker disconnects gracefully (the server
+        requeues anything claimed meanwhile). ``stop()`` does the same from
+        another thread.
+        """
         self.connect()
-        while not self._stop.is_set():
-            self._task_ready.clear()
-            wait = self.claim_wait()
-            try:
-                jobs = self.claim(1, wait)
-            except (httpx.HTTPError, ApiError) as error:
-                log.warning("claim failed: %s", error)
-                self._stop.wait(polling_interval or self.interval())
-                continue
-            yield from jobs
-            if not jobs and wait == 0:
-                self._task_ready.wait(polling_interval or self.interval())
+        restore = self._trap_signals()
+        try:
+            while not (self._stop.is_set() or self._stop_requested.is_set()):
+                self._task_ready.clear()
+                wait = self.claim_wait()
+                try:
+                    jobs = self.claim(1, wait)
+                except (httpx.HTTPError, ApiError) as error:
+                    log.warning("claim failed: %s", error)
+                    self._stop_requested.wait(polling_interval or self.interval())
+                    continue
+                for job in jobs:
+                    if self._stop_requested.is_set():
+                        break  # disconnect() below requeues it
+                    yield job
+                if not jobs and wait == 0:
+                    self._task_ready.wait(polling_interval or self.interval())
+        finally:
+            restore()
+            if self._stop_requested.is_set() and self.worker_id is not None:
+                self.disconnect()
+
+    def _trap_signals(self) -> Callable[[], None]:
+        """On the main thread, make SIGINT/SIGTERM request a graceful stop; returns the undo."""
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+
+            def requested(*_: object) -> None:
+                self._stop_requested.set()
+                self._task_ready.set()  # wake a sleeping poll at once
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, requested)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
 
     # --- reports on a held job --------------------------------------------------------------
     def start(self, job: ClaimedJob) -> None:
@@ -304,7 +338,9 @@ class JobManager:
             self.forget(job.id, "cancelled" if error.job_status == "cancelled" else "lost")
             raise
 
-    def _report(self, job: ClaimedJob, action: str, body: dict[str, Any]) -> str | None:
+    def _report(
+        self, job: ClaimedJob, action: str, body: dict[str, Any], *, keep: bool = False
+    ) -> str | None:
         try:
             reply = self._request(
                 "POST", f"/jobs/{job.id}/{action}", {"lease_token": job.lease_token, **body}
@@ -313,18 +349,33 @@ class JobManager:
             log.warning("job %s: %s not recorded: %s", job.id, action, error.message)
             self.forget(job.id, "cancelled" if error.job_status == "cancelled" else "lost")
             return None
-        self.forget(job.id, None)
+        if not keep:
+            self.forget(job.id, None)
         return str(reply.get("status"))
 
     def complete(
         self, job: ClaimedJob, result: Any = None, *, deferred: bool = False
     ) -> str | None:
-        """Report success (or, ``deferred``, leave it running for its batches).
+        """Report success, or with ``deferred`` leave the job ``running``, still held.
 
-        Returns the job's new status, or None when this worker no longer held it
-        (it was cancelled, requeued or reaped; the report changed nothing).
+        A deferred job keeps its ``lease_token`` and stays in this manager's
+        held set, so the heartbeat keeps extending its lease; finish it later
+        with ``complete(job, result)`` or ``fail(job, error)`` on the same
+        ``ClaimedJob`` (any thread). Until then ``disconnect()`` requeues it,
+        and a worker that stops heartbeating loses it to the reaper.
+
+        Returns the job's new status (``running`` when deferred), or None when
+        this worker no longer held it (cancelled, requeued or reaped; the
+        report changed nothing).
         """
-        return self._report(job, "complete", {"result": result, "deferred": deferred})
+        return self._report(
+            job, "complete", {"result": result, "deferred": deferred}, keep=deferred
+        )
+
+    def held(self) -> list[ClaimedJob]:
+        """The jobs this worker holds now: running ones and deferred ones not yet finished."""
+        with self._lock:
+            return list(self._held.values())
 
     def fail(
         self,
@@ -351,21 +402,18 @@ class JobManager:
     def wait(self) -> None:
         """Serve until SIGINT/SIGTERM (or ``stop()``), then disconnect gracefully."""
         self.connect()
-        previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, lambda *_: self._stop_requested.set())
+        restore = self._trap_signals()
         try:
             while not self._stop_requested.wait(0.5):
                 pass
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            restore()
             self.disconnect()
 
     def stop(self) -> None:
-        """Make ``wait()`` return (thread-safe)."""
+        """Make ``wait()`` return, or ``listen()`` end after the job in hand (thread-safe)."""
         self._stop_requested.set()
+        self._task_ready.set()
 
     def disconnect(self, grace: float | None = None) -> None:
         """Stop claiming, let running jobs finish within ``grace`` seconds, then

@@ -14,8 +14,15 @@ DEFAULTS: dict[str, float] = {
     # Rows per job-list page and timeline entries per page of history.
     "PAGE_SIZE": 50,
     "TIMELINE_PAGE": 100,
-    # The relay reads new events this often (one reader per web process).
+    # The relay (one reader per web process). On PostgreSQL it reads when the
+    # event trigger's NOTIFY arrives, after a short debounce, and at least every
+    # safety interval; on SQLite it polls every RELAY_INTERVAL_SECONDS.
     "RELAY_INTERVAL_SECONDS": 0.5,
+    "RELAY_DEBOUNCE_SECONDS": 0.1,
+    "RELAY_SAFETY_POLL_SECONDS": 5.0,
+    # Skipped event ids (a transaction still open, or rolled back) are looked
+    # up again for this long, so a late commit is still reported.
+    "RELAY_HOLE_SECONDS": 60.0,
     # Summary pages (overview, queues, workers) are re-rendered at most this
     # often, and workers at least this often for heartbeat ages.
     "SUMMARY_REFRESH_SECONDS": 2.0,

@@ -2,12 +2,27 @@
 
 Workers write only to the database. Pages subscribe over a WebSocket; their
 consumers register here. While at least one is registered, a single task
-reads the ``JobEvent`` rows added since the last look (by primary key, every
-``RELAY_INTERVAL_SECONDS``), renders what the open pages show (once per role,
-not once per page) and sends it to channel-layer groups. A hundred open pages
-cost one indexed read per tick, not a hundred pollers; the task stops when
-the last page closes. Everything that happened during one tick goes out as
-one push per job or page, which debounces bursts.
+reads the ``JobEvent`` rows added since the last look (by primary key),
+renders what the open pages show (once per role, not once per page) and
+sends it to channel-layer groups. A hundred open pages cost one indexed read
+per tick, not a hundred pollers; the task stops when the last page closes.
+
+When does it read?
+
+* PostgreSQL: a statement-level trigger (migration ``jobs.0002``) sends
+  ``NOTIFY controlplane_events`` for every statement that inserts events.
+  The relay hears it on the process's shared LISTEN connection
+  (``jobs.remote.listener``), waits ``RELAY_DEBOUNCE_SECONDS`` so a burst of
+  commits becomes one read, and reads. A safety read every
+  ``RELAY_SAFETY_POLL_SECONDS`` covers a lost connection.
+* SQLite (no NOTIFY): a read every ``RELAY_INTERVAL_SECONDS``.
+
+Ids are handed out at insert but become visible at commit, so a big
+transaction can commit after rows with higher ids were read. Every id the
+relay skipped over is remembered as a *hole* and looked up again on later
+reads until it shows up or ``RELAY_HOLE_SECONDS`` pass (rolled-back inserts
+leave holes that never fill). Each event is thus reported once, however late
+its transaction commits within that window.
 """
 
 from __future__ import annotations
@@ -16,11 +31,13 @@ import asyncio
 import logging
 import time
 import uuid
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
+from django.db.models import Q
 
 from dashboard import detail as detail_reads
 from dashboard import render, selectors
@@ -28,11 +45,13 @@ from dashboard.conf import setting
 from dashboard.db import bounded_reads
 from dashboard.filters import JobFilters
 from jobs.models import Job, JobEvent
+from jobs.remote.listener import listener
 
 log = logging.getLogger("dashboard.relay")
 
-OVERLAP = 200  # ids re-read each tick, for events committed after a later id
+EVENTS_CHANNEL = "controlplane_events"  # sent by the jobs_jobevent trigger (jobs 0002)
 BATCH = 5000
+MAX_HOLES = 200  # ranges of skipped ids kept; the oldest go first
 SUMMARY_PAGES = ("overview", "workers", "queues")
 
 
@@ -65,6 +84,16 @@ class Changes:
 
     jobs: dict[uuid.UUID, int]  # job id -> highest new seq
     enqueued: list[uuid.UUID]
+    full: bool = False  # a read hit BATCH: read again soon
+
+
+@dataclass(frozen=True)
+class Hole:
+    """Event ids ``low..high`` skipped over (not committed yet, or rolled back), since when."""
+
+    low: int
+    high: int
+    since: float
 
 
 class Relay:
@@ -74,8 +103,11 @@ class Relay:
         self.subscribers: dict[str, Subscription] = {}
         self.task: asyncio.Task | None = None
         self.last_id: int | None = None
-        self.floor = 0
-        self.seen: set[int] = set()
+        self.holes: list[Hole] = []
+        self.wake: asyncio.Event | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.listening = False
+        self.notifications = 0  # heard from PostgreSQL: for tests and diagnostics
         self.job_seq: dict[uuid.UUID, int] = {}
         self.rendered_at: dict[str, float] = {}
         self.dirty: bool = False
@@ -92,13 +124,18 @@ class Relay:
         self.subscribers[channel_name] = sub
         if sub.page in SUMMARY_PAGES:
             self.rendered_at.pop(sub.page, None)  # a fresh render at the next tick
+            if self.running and self.wake is not None:
+                self.wake.set()  # which is now, not at the next NOTIFY
         if sub.job_id is not None:
             self.job_seq.setdefault(sub.job_id, sub.after)
         if not self.running:
             end = await database_sync_to_async(_max_event_id)()
             if not self.running and self.subscribers:  # nobody started it meanwhile
-                self.last_id = self.floor = end  # pages catch up on older events themselves
-                self.seen.clear()
+                self.last_id = end  # pages catch up on older events themselves
+                self.holes = []
+                self.loop = asyncio.get_running_loop()
+                self.wake = asyncio.Event()
+                self._listen()
                 self.starts += 1
                 self.task = asyncio.get_running_loop().create_task(
                     self._run(), name="dashboard-relay"
@@ -118,38 +155,97 @@ class Relay:
             self.task = None
             self.rendered_at.clear()
 
+    # --- waking up ---------------------------------------------------------
+    def _listen(self) -> None:
+        """Subscribe (once per process) to the event trigger's NOTIFY, on PostgreSQL."""
+        if self.listening:
+            listener.ensure_running()
+        elif listener.available:
+            listener.subscribe(EVENTS_CHANNEL, self.notify, on_connect=self.notify)
+            self.listening = True
+
+    def notify(self, payload: str = "") -> None:
+        """Called from the listener thread: wake the relay task on its own loop."""
+        loop, wake = self.loop, self.wake
+        if loop is None or wake is None or loop.is_closed() or not self.running:
+            return
+        self.notifications += 1
+        try:
+            loop.call_soon_threadsafe(wake.set)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
     # --- the loop ----------------------------------------------------------
     async def _run(self) -> None:
-        delay = float(setting("RELAY_INTERVAL_SECONDS"))
         failures = 0
         while self.subscribers:
+            assert self.wake is not None
+            self.wake.clear()
             try:
-                await self.tick()
+                full = await self.tick()
                 failures = 0
             except asyncio.CancelledError:
                 raise
             except Exception:  # a database hiccup must not end live updates for good
                 failures += 1
+                full = False
                 log.exception("Dashboard relay tick failed (%s in a row).", failures)
-            await asyncio.sleep(delay * min(2**failures, 60))
+            if failures:
+                delay = float(setting("RELAY_INTERVAL_SECONDS"))
+                await asyncio.sleep(delay * min(2**failures, 60))
+            elif full:  # a full batch: more rows are waiting
+                await asyncio.sleep(float(setting("RELAY_DEBOUNCE_SECONDS")))
+            elif not self.listening:
+                await asyncio.sleep(float(setting("RELAY_INTERVAL_SECONDS")))
+            else:
+                await self._wait_for_notify()
 
-    async def tick(self) -> None:
-        """One read of new events and the pushes it calls for."""
+    async def _wait_for_notify(self) -> None:
+        """Sleep until a NOTIFY (then debounce), a summary page is due, or the safety poll."""
+        assert self.wake is not None
+        try:
+            await asyncio.wait_for(self.wake.wait(), self._next_due())
+        except TimeoutError:
+            return
+        await asyncio.sleep(float(setting("RELAY_DEBOUNCE_SECONDS")))
+
+    def _next_due(self) -> float:
+        """Seconds until the safety read, or sooner a summary page's periodic render."""
+        due = float(setting("RELAY_SAFETY_POLL_SECONDS"))
+        quiet_after = float(setting("SUMMARY_REFRESH_SECONDS"))
+        at_least = float(setting("WORKERS_REFRESH_SECONDS"))
+        now = time.monotonic()
+        for page in {s.page for s in self.subscribers.values()} & set(SUMMARY_PAGES):
+            since = now - self.rendered_at.get(page, 0.0)
+            due = min(due, at_least - since)
+            if self.dirty:
+                due = min(due, quiet_after - since)
+        if self.holes:
+            due = min(due, 1.0)  # a late commit sends its own NOTIFY; this is a backstop
+        return max(due, 0.02)
+
+    async def tick(self) -> bool:
+        """One read of new events and the pushes it calls for; True if the batch was full."""
         self.ticks += 1
         snapshot = dict(self.subscribers)
-        pushes = await database_sync_to_async(self._collect)(snapshot)
+        pushes, full = await database_sync_to_async(self._collect)(snapshot)
         layer = get_channel_layer()
         for group, message in pushes:
             await layer.group_send(group, message)
+        return full
 
     # --- the work of one tick (runs in the database thread) ---------------
-    def _collect(self, subs: dict[str, Subscription]) -> list[tuple[str, dict[str, Any]]]:
+    def _collect(
+        self, subs: dict[str, Subscription]
+    ) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
         # The pages' own statement timeout: a slow render fails this tick (logged,
         # retried later), it never holds the database.
         with bounded_reads():
             return self._collect_bounded(subs)
 
-    def _collect_bounded(self, subs: dict[str, Subscription]) -> list[tuple[str, dict[str, Any]]]:
+    def _collect_bounded(
+        self, subs: dict[str, Subscription]
+    ) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
         changes = self._read_changes()
         if changes.jobs:
             self.dirty = True
@@ -157,37 +253,73 @@ class Relay:
         pushes += self._job_pushes(changes, subs)
         pushes += self._list_pushes(changes, subs)
         pushes += self._page_pushes(subs)
-        return pushes
+        return pushes, changes.full
 
     def _read_changes(self) -> Changes:
+        """New rows after the cursor, plus rows that filled earlier holes."""
         if self.last_id is None:
             self.last_id = _max_event_id()
-        low = max(self.last_id - OVERLAP, 0)
+        columns = ("id", "job_id", "seq", "event")
+        late: list[tuple[int, uuid.UUID, int, str]] = []
+        if self.holes:
+            self._expire_holes()
+        if self.holes:
+            in_holes = Q()
+            for hole in self.holes:
+                in_holes |= Q(id__range=(hole.low, hole.high))
+            late = list(
+                JobEvent.objects.filter(in_holes).order_by("id").values_list(*columns)[:BATCH]
+            )
+            self._fill_holes([r[0] for r in late], complete=len(late) < BATCH)
         rows = list(
-            JobEvent.objects.filter(id__gt=low)
+            JobEvent.objects.filter(id__gt=self.last_id)
             .order_by("id")
-            .values_list("id", "job_id", "seq", "event")[:BATCH]
+            .values_list(*columns)[:BATCH]
         )
-        if (
-            not rows
-            and self.last_id > 0
-            and not JobEvent.objects.filter(id__lte=self.last_id).exists()
-        ):
-            self.last_id, self.floor, self.seen = 0, 0, set()  # the table was emptied
+        if not rows and self.last_id > 0 and not late:
+            if not JobEvent.objects.filter(id__lte=self.last_id).exists():
+                self.last_id, self.holes = 0, []  # the table was emptied
+        expected = self.last_id + 1
+        for row in rows:
+            if row[0] > expected:
+                self._add_hole(expected, row[0] - 1)
+            expected = row[0] + 1
+        if rows:
+            self.last_id = rows[-1][0]
         jobs: dict[uuid.UUID, int] = {}
         enqueued: list[uuid.UUID] = []
-        for event_id, job_id, seq, name in rows:
-            if event_id in self.seen or event_id <= max(low, self.floor):
-                continue
-            self.seen.add(event_id)
+        for _, job_id, seq, name in late + rows:
             jobs[job_id] = max(seq, jobs.get(job_id, 0))
             if name == "job.enqueued":
                 enqueued.append(job_id)
-        if rows:
-            self.last_id = max(self.last_id, rows[-1][0])
-        floor = self.last_id - OVERLAP
-        self.seen = {i for i in self.seen if i > floor}
-        return Changes(jobs=jobs, enqueued=enqueued)
+        full = len(rows) >= BATCH or len(late) >= BATCH
+        return Changes(jobs=jobs, enqueued=enqueued, full=full)
+
+    # --- holes: ids skipped over that a late commit may still fill ----------
+    def _add_hole(self, low: int, high: int) -> None:
+        self.holes.append(Hole(low, high, time.monotonic()))
+        if len(self.holes) > MAX_HOLES:
+            self.holes = self.holes[-MAX_HOLES:]
+
+    def _expire_holes(self) -> None:
+        horizon = time.monotonic() - float(setting("RELAY_HOLE_SECONDS"))
+        self.holes = [h for h in self.holes if h.since >= horizon]
+
+    def _fill_holes(self, found: list[int], *, complete: bool) -> None:
+        """Cut the ids just read (ascending) out of the holes; if the read was cut short
+        at ``BATCH``, only up to the last id read counts."""
+        cutoff = None if complete or not found else found[-1]
+        holes: list[Hole] = []
+        for hole in self.holes:
+            top = hole.high if cutoff is None else min(hole.high, cutoff)
+            start = hole.low
+            for i in found[bisect_left(found, hole.low) : bisect_right(found, top)]:
+                if i > start:
+                    holes.append(Hole(start, i - 1, hole.since))
+                start = i + 1
+            if start <= hole.high:
+                holes.append(Hole(start, hole.high, hole.since))
+        self.holes = holes
 
     def _job_pushes(self, changes: Changes, subs: dict[str, Subscription]):
         watched: dict[uuid.UUID, set[str]] = {}

@@ -1,38 +1,40 @@
 """The remote worker's WebSocket: ``/ws/workers/<id>`` pushes ``job.available``.
 
 A hint only: the worker claims over HTTP when it hears one, and polls anyway,
-so a lost push costs latency, never a job. The socket authenticates with the
-worker's API token (``?token=<key>`` or ``Authorization: Token <key>``) or a
-session, and joins one Channels group per queue of the worker; the per-process
-relay (``jobs.remote.relay``) sends to those groups.
+so a lost push costs latency, never a job. The socket joins one Channels
+group per queue of the worker; the per-process relay (``jobs.remote.relay``)
+sends to those groups.
+
+Authentication, in order of preference:
+
+* ``Authorization: Token <key>`` on the handshake (the Python client sends
+  this);
+* ``?token=<key>`` in the URL, for non-browser clients that cannot set
+  headers. URLs end up in proxy and access logs, so a token sent this way
+  should be treated as exposed wherever those logs are readable;
+* the session cookie (a logged-in browser), which always comes with an
+  ``Origin`` header.
+
+The handshake passes ``jobs.remote.origin.TokenOrOriginValidator`` first: a
+request with an ``Origin`` header must come from an allowed host; one
+without (typical of non-browser clients) is let in only with a token, and
+its cookies are dropped, so it can never ride on a session.
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
-from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from jobs.remote.errors import WorkerNotFound
+from jobs.remote.origin import token_from_scope
 from jobs.remote.relay import queue_group, relay
 from jobs.remote.workers import get_remote_worker
 
 PERMISSION = "jobs.run_remote_jobs"
-
-
-def _token_from_scope(scope: dict[str, Any]) -> str | None:
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    if query.get("token"):
-        return query["token"][0]
-    for name, value in scope.get("headers", []):
-        if name.lower() == b"authorization":
-            scheme, _, key = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "token" and key.strip():
-                return key.strip()
-    return None
 
 
 @database_sync_to_async
@@ -40,7 +42,7 @@ def _authorised_worker(scope: dict[str, Any], worker_id: str) -> Any:
     """The worker this socket may listen for, or None."""
     from rest_framework.authtoken.models import Token
 
-    key = _token_from_scope(scope)
+    key = token_from_scope(scope)
     user = None
     if key:
         token = Token.objects.select_related("user").filter(key=key).first()

@@ -4,8 +4,9 @@ Long-polling claims (sync view threads) and worker WebSockets (Channels
 consumers) both wait for the same signal, so each web process runs a single
 relay thread rather than one listener per request or per socket:
 
-* on PostgreSQL it ``LISTEN``\\s on ``jobs.enqueue.NOTIFY_CHANNEL`` (enqueue
-  sends the queue name at commit);
+* on PostgreSQL it subscribes to ``jobs.enqueue.NOTIFY_CHANNEL`` (enqueue
+  sends the queue name at commit) on the process's shared LISTEN connection
+  (``jobs.remote.listener``, also used by the dashboard relay);
 * on SQLite it polls one cheap aggregate (every ``POLL_SECONDS``, at most
   0.5 s) and signals a queue when its claimable count or newest ``run_after`` grew.
 
@@ -24,12 +25,12 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
 
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 from django.utils import timezone
 
 from jobs.conf import knob
+from jobs.remote.listener import listener
 
 log = logging.getLogger("jobs.remote")
 
@@ -55,6 +56,7 @@ class Relay:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._seen: dict[str, tuple[int, datetime | None]] = {}
+        self._started = False
 
     # --- subscribers --------------------------------------------------------
 
@@ -116,40 +118,29 @@ class Relay:
 
     def ensure_started(self) -> None:
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self._started:
+                if listener.available:
+                    listener.ensure_running()
                 return
+            self._started = True
+        if listener.available:
+            from jobs.enqueue import NOTIFY_CHANNEL
+
+            # Anything enqueued while the connection was down is found by the waiters' own polls.
+            listener.subscribe(NOTIFY_CHANNEL, lambda queue: self.publish({queue}))
+            return
+        with self._lock:
             self._thread = threading.Thread(target=self._run, name="remote-relay", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
         while True:
             try:
-                if connections["default"].vendor == "postgresql":
-                    self._listen()
-                else:
-                    self._poll_forever()
+                self._poll_forever()
             except Exception:  # noqa: BLE001 - the relay must outlive database hiccups
                 log.warning("The job relay lost its database connection; retrying.", exc_info=True)
                 close_old_connections()
                 time.sleep(min(5.0, float(knob("POLL_SECONDS"))))
-
-    def _listen(self) -> None:
-        """PostgreSQL: a dedicated autocommit connection LISTENing for enqueues."""
-        from jobs.enqueue import NOTIFY_CHANNEL
-
-        wrapper = connections.create_connection("default")
-        wrapper.ensure_connection()
-        conn: Any = wrapper.connection
-        try:
-            conn.autocommit = True
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            # Anything enqueued while we were not listening is found by the waiters' own polls.
-            while True:
-                for note in conn.notifies(timeout=5.0):
-                    self.publish({note.payload})
-                conn.execute("SELECT 1")  # a health check while idle
-        finally:
-            wrapper.close()
 
     def _poll_forever(self) -> None:
         # One cheap aggregate per web process, so it can afford to look often.

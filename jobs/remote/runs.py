@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from jobs.claims import ClaimedJob, claim_jobs
@@ -21,8 +22,8 @@ from jobs.models import Job, Queue, QueueKind, Worker
 from jobs.remote.errors import RemoteRequestError, WorkerNotFound
 from jobs.remote.relay import relay
 from jobs.remote.workers import get_remote_worker
-from jobs.states import CANCELLED, Status
-from jobs.transitions import cancel_jobs, complete_job, defer_job, emit_event, fail_job
+from jobs.states import CANCELLED, RUNNING, Status
+from jobs.transitions import cancel_jobs, complete_job, emit_event, fail_job
 
 # A long-poll never holds a request (and its thread) longer than this.
 MAX_WAIT_SECONDS = 30.0
@@ -210,13 +211,39 @@ def post_event(
 def complete(
     *, job_id: uuid.UUID, lease_token: Any, result: Any = None, deferred: bool = False
 ) -> Status:
-    """running -> succeeded; or, ``deferred``, stay running leaseless until batches close it."""
+    """running -> succeeded; or, ``deferred``, stay running, still held by this worker.
+
+    A deferred remote job keeps its ``lease_token``: the worker's heartbeats
+    go on extending the lease, and the worker (or its successor process
+    holding the same token) closes it later with ``complete`` (not deferred)
+    or ``fail``. The engine's batch machinery may also close it (a fan-out
+    parent). If heartbeats stop, the lease expires and the reaper rescues it
+    like any running job; a graceful disconnect requeues it.
+    """
     token = _token(lease_token)
     if deferred:
-        defer_job(job_id, lease_token=token, result=result)
+        defer_held_job(job_id, lease_token=token, result=result)
         return Status.RUNNING
     complete_job(job_id, lease_token=token, result=result)
     return Status.SUCCEEDED
+
+
+def defer_held_job(job_id: uuid.UUID, *, lease_token: uuid.UUID, result: Any = None) -> int:
+    """Record ``job.deferred`` (and the interim ``result``) without giving up the lease.
+
+    The event write is fenced by the token and takes the row lock first, so
+    the result update below cannot touch a job this worker no longer holds.
+    Returns the event's seq.
+    """
+    with transaction.atomic():
+        seq = emit_event(
+            job_id,
+            event="job.deferred",
+            fields={"result": result, "held": True},
+            lease_token=lease_token,
+        )
+        Job.objects.filter(pk=job_id, status=RUNNING, lease_token=lease_token).update(result=result)
+    return seq
 
 
 def retry_backoff(attempt: int) -> float:

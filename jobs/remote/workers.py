@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import jsonschema
@@ -239,7 +240,7 @@ def register_worker(
 
 
 def held_jobs(worker_id: uuid.UUID) -> list[tuple[uuid.UUID, uuid.UUID]]:
-    """(job id, lease token) of the jobs the worker holds a lease on (deferred ones hold none)."""
+    """(job id, lease token) of the jobs the worker holds a lease on, deferred ones included."""
     rows = Job.objects.filter(worker_id=worker_id, status=RUNNING, lease_token__isnull=False)
     return list(rows.values_list("id", "lease_token"))
 
@@ -302,7 +303,11 @@ def disconnect_worker(*, worker_id: uuid.UUID | str, user: Any) -> list[uuid.UUI
 
 
 def soft_delete_orphan_operations() -> int:
-    """Hide remote operations no registered worker provides and no pending job needs.
+    """Hide remote operations no live worker provides and no pending job needs.
+
+    Live means a heartbeat within ``WORKER_TIMEOUT_SECONDS``: a worker that
+    stopped beating but was not swept yet provides nothing, so its
+    operations are hidden at once (they come back when it registers again).
 
     Safe to call any time and from several processes at once: the candidate
     rows are locked, so a registration that declares one of them either
@@ -318,9 +323,9 @@ def soft_delete_orphan_operations() -> int:
         if not candidates:
             return 0
         provided: set[str] = set()
-        for ops in Worker.objects.filter(kind=WorkerKind.REMOTE).values_list(
-            "operations", flat=True
-        ):
+        alive_since = timezone.now() - timedelta(seconds=float(knob("WORKER_TIMEOUT_SECONDS")))
+        live = Worker.objects.filter(kind=WorkerKind.REMOTE, last_heartbeat__gte=alive_since)
+        for ops in live.values_list("operations", flat=True):
             provided.update(ops or [])
         pending = set(
             Job.objects.filter(status__in=list(ACTIVE), operation__in=candidates)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.test import Client
 
@@ -32,3 +34,13 @@ def nobody_client(db) -> Client:
 @pytest.fixture
 def admin_client_(db) -> Client:
     return _client("admin")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_the_listen_connection(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """The relays' shared LISTEN connection (PostgreSQL) must close before the test
+    database is dropped; it is torn down before ``django_db_setup``, which it depends on."""
+    yield
+    from jobs.remote.listener import listener
+
+    listener.stop()

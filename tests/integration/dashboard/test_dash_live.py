@@ -216,3 +216,117 @@ async def test_the_job_list_catches_up_on_subscribe(sockets) -> None:
     message = await receive_until(comm, html_with(f'id="job-{shown.pk}"'))
     assert "state-cancelled" in message["html"] and "1 new job matches" in message["html"]
     assert (await comm.receive_json_from(timeout=5)) == {"subscribed": "jobs"}
+
+
+# --- how the relay wakes up, and events that commit late ------------------------------
+
+
+def _postgres() -> bool:
+    return connections["default"].vendor == "postgresql"
+
+
+async def test_on_postgresql_the_relay_reads_on_notify_not_by_polling(sockets, monkeypatch):
+    """With the safety poll an hour away, only the trigger's NOTIFY can bring the event."""
+    if not _postgres():
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    monkeypatch.setenv("DASHBOARD_RELAY_SAFETY_POLL_SECONDS", "3600")
+    monkeypatch.setenv("DASHBOARD_RELAY_DEBOUNCE_SECONDS", "0.02")
+    viewer = await db(make_user)("viewer")
+    job, held = await db(running)()
+    comm, _, _ = await sockets(viewer, {"page": "job", "job": str(job.pk), "after": 2})
+    assert relay.listening
+    await asyncio.sleep(0.3)
+    idle_ticks = relay.ticks
+    await asyncio.sleep(1.0)
+    assert relay.ticks - idle_ticks <= 1  # no 0.05 s polling while nothing happens
+    heard = relay.notifications
+    await db(tick)(job, held, 1, 2, "notified")
+    await receive_until(comm, html_with("notified"))
+    assert relay.notifications > heard
+
+
+async def test_on_sqlite_the_relay_polls(sockets):
+    if _postgres():
+        pytest.skip("SQLite has no NOTIFY")
+    viewer = await db(make_user)("viewer")
+    job, held = await db(running)()
+    comm, _, _ = await sockets(viewer, {"page": "job", "job": str(job.pk), "after": 2})
+    assert not relay.listening
+    await db(tick)(job, held, 1, 2, "polled")
+    await receive_until(comm, html_with("polled"))
+    assert relay.notifications == 0
+
+
+def _event_ids(job) -> list[int]:
+    from jobs.models import JobEvent
+
+    return list(JobEvent.objects.filter(job=job).order_by("seq").values_list("id", flat=True))
+
+
+async def test_an_event_that_commits_after_later_ids_is_still_reported() -> None:
+    """Simulated on both databases: an id the relay skipped over (not visible yet) is
+    reported when it appears, once, and never again."""
+    from dashboard.relay import Relay
+    from jobs.models import JobEvent
+
+    def scenario() -> None:
+        fresh_relay = Relay()
+        early, held_early = running()
+        late, held_late = running()
+        fresh_relay._read_changes()  # the cursor is past everything so far
+        tick(early, held_early, 1, 2, "early")
+        tick(late, held_late, 1, 2, "late")
+        skipped = JobEvent.objects.get(job=early, seq=3)
+        values = {f.attname: getattr(skipped, f.attname) for f in JobEvent._meta.concrete_fields}
+        skipped.delete()  # "not committed yet"
+        first = fresh_relay._read_changes()
+        assert set(first.jobs) == {late.pk}
+        assert [(h.low, h.high) for h in fresh_relay.holes] == [(values["id"], values["id"])]
+        JobEvent.objects.create(**values)  # "the transaction commits"
+        second = fresh_relay._read_changes()
+        assert second.jobs == {early.pk: 3}
+        assert fresh_relay.holes == []
+        assert fresh_relay._read_changes().jobs == {}  # reported once
+
+    await db(scenario)()
+    await db(connections.close_all)()  # or the test database could not be dropped
+
+
+async def test_a_real_late_commit_on_postgresql_is_reported() -> None:
+    """Two connections: an event inserted first but committed last is not lost."""
+    if not _postgres():
+        pytest.skip("SQLite serialises writers: no later id can commit first")
+    import threading
+
+    from django.db import transaction
+
+    from dashboard.relay import Relay
+
+    def scenario() -> None:
+        fresh_relay = Relay()
+        early, held_early = running()
+        late, held_late = running()
+        fresh_relay._read_changes()
+        inserted, commit = threading.Event(), threading.Event()
+
+        def slow_transaction() -> None:
+            try:
+                with transaction.atomic():
+                    tick(early, held_early, 1, 2, "early")
+                    inserted.set()
+                    assert commit.wait(10)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=slow_transaction)
+        thread.start()
+        assert inserted.wait(10)
+        for step in range(250):  # more later ids than any fixed re-read window would cover
+            tick(late, held_late, step, 250, "late")  # higher ids, committed first
+        assert set(fresh_relay._read_changes().jobs) == {late.pk}
+        commit.set()
+        thread.join(10)
+        assert fresh_relay._read_changes().jobs == {early.pk: 3}
+
+    await db(scenario)()
+    await db(connections.close_all)()  # or the test database could not be dropped

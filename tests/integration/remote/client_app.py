@@ -2,6 +2,7 @@
 
     python client_app.py --url URL --token KEY [--mode auto|manual] [--no-websocket]
                          [--long-poll S] [--polling-interval S] [--concurrency N] [--count N]
+                         [--drop-pushes]
 
 Prints ``READY <worker id>`` once registered and ``DONE <job id> <status>``
 per job reported (manual mode), so tests can wait on its output.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 import time
 from typing import Any
 
@@ -42,6 +44,16 @@ def flaky(job: ClaimedJob) -> Any:
 
 
 def deferred(job: ClaimedJob) -> Any:
+    """Hand the job to "something external" that finishes it later (``finish_after`` s)."""
+    finish_after = job.payload.get("finish_after")
+    if finish_after is not None:
+
+        def finish() -> None:
+            assert MANAGER is not None and job in MANAGER.held()
+            status = MANAGER.complete(job, {"final": True})
+            print("FINISHED", job.id, status, flush=True)
+
+        threading.Timer(float(finish_after), finish).start()
     return Deferred({"partial": True})
 
 
@@ -51,6 +63,8 @@ def broken(job: ClaimedJob) -> Any:
     raise ValueError("broken on purpose")
 
 
+MANAGER: JobManager | None = None
+
 HANDLERS = {
     "remote.echo": (echo, {"payload_schema": SCHEMA_TEXT, "max_attempts": 3}),
     "remote.slow": (slow, {}),
@@ -58,6 +72,19 @@ HANDLERS = {
     "remote.deferred": (deferred, {}),
     "remote.broken": (broken, {}),
 }
+
+
+def drop_pushes(manager: JobManager) -> None:
+    """Lose every push on the floor while keeping the socket open: only polling is left."""
+    push = manager._push
+    assert push is not None, "--drop-pushes needs the websocket"
+
+    def dropped() -> None:
+        print("PUSH DROPPED", flush=True)
+
+    push.on_available = dropped
+    if push.connected.wait(10):
+        print("PUSH UP", flush=True)
 
 
 def main() -> int:
@@ -71,6 +98,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--count", type=int, default=1, help="manual mode: jobs to handle")
     parser.add_argument("--grace", type=float, default=5.0)
+    parser.add_argument(
+        "--drop-pushes", action="store_true", help="ignore every push (the socket stays up)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(message)s")
     assert "django" not in sys.modules, "the client must not need Django"
@@ -85,11 +115,15 @@ def main() -> int:
         polling_interval=args.polling_interval,
         shutdown_grace=args.grace,
     )
+    global MANAGER
+    MANAGER = manager
     with manager:
         if args.mode == "auto":
             for name, (handler, definition) in HANDLERS.items():
                 manager.operation(name, queue="remote", **definition)(handler)
             print("READY", manager.connect(), flush=True)
+            if args.drop_pushes:
+                drop_pushes(manager)
             manager.wait()
             print("STOPPED", flush=True)
             return 0

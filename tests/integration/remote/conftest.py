@@ -92,3 +92,13 @@ def start_client(server: Server, token: str, tmp_path) -> Iterator[Callable[...,
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_the_listen_connection(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """The relays' shared LISTEN connection (PostgreSQL) must close before the test
+    database is dropped; it is torn down before ``django_db_setup``, which it depends on."""
+    yield
+    from jobs.remote.listener import listener
+
+    listener.stop()

@@ -61,17 +61,23 @@ def test_auto_serve_runs_jobs_end_to_end(start_client, server):
 def test_deferred_result_and_cancellation_reach_the_client(start_client, server):
     client = start_client("--mode", "auto")
     worker_id_of(client)
-    coordinator = enqueue("remote.deferred", {})
+    coordinator = enqueue("remote.deferred", {"finish_after": 3.0})
     eventually(
         lambda: JobEvent.objects.filter(job=coordinator, event="job.deferred").exists(),
         message="the deferred result",
     )
     coordinator.refresh_from_db()
-    assert (coordinator.status, coordinator.result, coordinator.lease_token) == (
-        "running",
-        {"partial": True},
-        None,
+    assert (coordinator.status, coordinator.result) == ("running", {"partial": True})
+    assert coordinator.lease_token is not None  # still held by the client
+    # Its heartbeats keep the lease alive until the client finishes the job itself.
+    leased = coordinator.leased_until
+    eventually(
+        lambda: Job.objects.get(pk=coordinator.pk).leased_until > leased,
+        message="a heartbeat to extend the deferred job's lease",
     )
+    client.wait_output(f"FINISHED {coordinator.pk} succeeded")
+    coordinator.refresh_from_db()
+    assert (coordinator.status, coordinator.result) == ("succeeded", {"final": True})
     slow = enqueue("remote.slow", {"seconds": 30})
     eventually(lambda: Job.objects.get(pk=slow.pk).progress_current >= 2, message="slow progress")
     cancel_job(slow.pk, reason="operator")
@@ -118,6 +124,19 @@ def test_push_less_client_gets_every_job_by_polling(start_client, server):
         eventually(lambda job=job: succeeded(job.pk), message="every job to succeed by polling")
 
 
+def test_a_dropped_push_with_the_socket_up_is_covered_by_polling(start_client, server):
+    """The socket is connected (so the client does not long-poll) but every push is lost:
+    the job is still found, by the next poll."""
+    client = start_client(
+        "--mode", "auto", "--long-poll", "0", "--polling-interval", "0.5", "--drop-pushes"
+    )
+    worker_id_of(client)
+    client.wait_output("PUSH UP")
+    job = enqueue("remote.echo", {"text": "unannounced"})
+    eventually(lambda: succeeded(job.pk), timeout=10, message="polling to find the job")
+    assert "PUSH DROPPED" in client.output()
+
+
 def test_websocket_push_wakes_a_client_that_would_poll_slowly(start_client, server):
     # Polling every 60 s and no long-poll: only the push can make this fast.
     client = start_client("--mode", "auto", "--long-poll", "0", "--polling-interval", "60")
@@ -127,6 +146,21 @@ def test_websocket_push_wakes_a_client_that_would_poll_slowly(start_client, serv
     job = enqueue("remote.echo", {"text": "pushed"})
     eventually(lambda: succeeded(job.pk), timeout=10, message="the pushed job to succeed")
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_manual_listen_stops_gracefully_on_a_signal(start_client, server, sig):
+    """A signal during ``listen()``: the job in hand finishes and is reported, then the
+    worker says goodbye (exit 0, worker row removed) instead of dying mid-protocol."""
+    client = start_client("--mode", "manual", "--count", "10", "--long-poll", "1")
+    worker_id = worker_id_of(client)
+    job = enqueue("remote.slow", {"seconds": 1.5})
+    eventually(lambda: job_status(job.pk) == "running", message="the slow job to start")
+    client.signal(sig)
+    assert client.wait() == 0, client.output()
+    assert f"DONE {job.pk} succeeded" in client.output()
+    assert "STOPPED" in client.output()
+    assert not Worker.objects.filter(pk=worker_id).exists()
 
 
 def test_sigterm_mid_job_requeues_it_without_counting_the_attempt(start_client, server):

@@ -158,21 +158,51 @@ def test_fail_retryable_backs_off_then_fails_for_good(api, server):
     assert job_status(job.pk) == "failed"
 
 
-def test_deferred_completion_keeps_the_job_running_without_a_lease(api, server):
+def test_deferred_job_stays_held_and_is_completed_later_with_its_token(api, server):
     worker = register(api)
     job = enqueue("remote.echo", {"text": "x"})
     [held] = claim(api, worker["id"])
+    token = held["lease_token"]
     r = api.post(
         f"/jobs/{job.pk}/complete",
-        json={"lease_token": held["lease_token"], "result": {"batches": 3}, "deferred": True},
+        json={"lease_token": token, "result": {"batches": 3}, "deferred": True},
     )
     assert r.status_code == 200 and r.json()["status"] == "running"
     job.refresh_from_db()
-    assert (job.status, job.lease_token, job.result) == ("running", None, {"batches": 3})
+    assert (job.status, str(job.lease_token), job.result) == ("running", token, {"batches": 3})
     assert events_of(job.pk)[-1] == "job.deferred"
-    # The worker no longer holds it: a disconnect leaves it alone.
-    assert api.delete(f"/workers/{worker['id']}").json()["requeued"] == []
-    assert job_status(job.pk) == "running"
+    # Heartbeats (with or without a held list) keep extending its lease.
+    before = job.leased_until
+    time.sleep(0.01)
+    assert api.patch(f"/workers/{worker['id']}", json={}).json()["held"] == [str(job.pk)]
+    assert Job.objects.get(pk=job.pk).leased_until > before
+    # Another token cannot close it; the holder's token can.
+    stranger = {"lease_token": str(uuid.uuid4()), "result": {"done": True}}
+    assert api.post(f"/jobs/{job.pk}/complete", json=stranger).status_code == 409
+    r = api.post(f"/jobs/{job.pk}/complete", json={"lease_token": token, "result": {"n": 3}})
+    assert r.status_code == 200 and r.json()["status"] == "succeeded"
+    job.refresh_from_db()
+    assert (job.status, job.result, job.lease_token) == ("succeeded", {"n": 3}, None)
+    assert events_of(job.pk)[-2:] == ["job.deferred", "job.succeeded"]
+
+
+def test_deferred_job_can_be_failed_later_and_is_requeued_on_disconnect(api, server):
+    worker = register(api, concurrency=2)
+    failing = enqueue("remote.echo", {"text": "a"})
+    leaving = enqueue("remote.echo", {"text": "b"})
+    held = {j["id"]: j["lease_token"] for j in claim(api, worker["id"], limit=2)}
+    for job_id, token in held.items():
+        body = {"lease_token": token, "deferred": True}
+        assert api.post(f"/jobs/{job_id}/complete", json=body).json()["status"] == "running"
+    failure = {
+        "lease_token": held[str(failing.pk)],
+        "error_code": "Upstream",
+        "error_message": "the callback never came",
+    }
+    assert api.post(f"/jobs/{failing.pk}/fail", json=failure).json()["status"] == "failed"
+    # Still held: a graceful disconnect gives it back to the queue.
+    assert api.delete(f"/workers/{worker['id']}").json()["requeued"] == [str(leaving.pk)]
+    assert job_status(leaving.pk) == "queued"
 
 
 def test_heartbeat_extends_leases_and_reports_lost_jobs(api, server):
@@ -306,6 +336,26 @@ def test_orphan_operation_is_hidden_then_back_when_declared_again(api, server):
     register(api, ["remote.echo"])
     assert RemoteOperation.objects.get(name="remote.echo").deleted is False
     assert enqueue("remote.echo", {"text": "back"}).queue == "remote"
+
+
+def test_only_live_workers_keep_an_operation_visible(api, server):
+    """A registered but silent worker (heartbeat past the timeout, not swept yet) provides
+    nothing: its operations are hidden; a fresh heartbeat is what counts."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.conf import knob
+    from jobs.remote import soft_delete_orphan_operations
+
+    worker = register(api)
+    assert soft_delete_orphan_operations() == 0  # alive: kept
+    timeout = float(knob("WORKER_TIMEOUT_SECONDS"))
+    stale = timezone.now() - timedelta(seconds=timeout + 5)
+    Worker.objects.filter(pk=worker["id"]).update(last_heartbeat=stale)
+    assert Worker.objects.filter(pk=worker["id"]).exists()
+    assert soft_delete_orphan_operations() == 1
+    assert RemoteOperation.objects.get(name="remote.echo").deleted is True
 
 
 def test_permission_and_ownership(server, make_token, api):

@@ -66,3 +66,84 @@ def test_socket_refuses_strangers(api, server, make_token):
         with pytest.raises(InvalidStatus) as error:
             open_socket(server, worker["id"], **credentials).close()
         assert error.value.response.status_code == 403, credentials
+
+
+# --- Origin: browsers send one, non-browser clients with a token need not ---------------
+
+
+def _stack():
+    from channels.auth import AuthMiddlewareStack
+    from channels.routing import URLRouter
+
+    from controlplane.routing import websocket_urlpatterns
+    from jobs.remote.origin import TokenOrOriginValidator
+
+    return TokenOrOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+
+
+def _handshake(
+    path: str, headers: list[tuple[bytes, bytes]], *, greeting: bool = True
+) -> tuple[bool, dict | None]:
+    """Open ``path`` on the validator-wrapped routing in-process; (accepted, first message)."""
+    from asgiref.sync import async_to_sync
+    from channels.testing import WebsocketCommunicator
+
+    async def run() -> tuple[bool, dict | None]:
+        communicator = WebsocketCommunicator(_stack(), path, headers=headers)
+        connected, _ = await communicator.connect(timeout=10)
+        first = await communicator.receive_json_from(timeout=10) if connected and greeting else None
+        await communicator.disconnect()
+        return connected, first
+
+    return async_to_sync(run)()
+
+
+def test_a_token_client_without_origin_is_accepted(api, server, token):
+    worker = register(api)
+    path = f"/ws/workers/{worker['id']}"
+    header = [(b"authorization", f"Token {token}".encode())]
+    assert _handshake(path, header) == (True, {"type": "hello", **_hello(worker)})
+    assert _handshake(f"{path}?token={token}", [])[0]
+    # A foreign Origin is refused even with a valid token; an allowed one passes.
+    assert not _handshake(path, [*header, (b"origin", b"http://evil.example")])[0]
+    assert _handshake(path, [*header, (b"origin", b"http://localhost")])[0]
+    # No Origin and no token: refused before any consumer runs.
+    assert not _handshake(path, [])[0]
+
+
+def _hello(worker: dict) -> dict:
+    return {"worker": worker["id"], "queues": worker["queues"]}
+
+
+def test_without_origin_a_session_cookie_is_not_enough(api, server, token):
+    """Cookie authentication keeps the Origin check: a handshake without Origin has its
+    cookies dropped, so even a valid session plus a (bogus) token gets nowhere."""
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    user = User.objects.create_user("operator-ws")
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_job", "change_job", "run_remote_jobs"])
+    )
+    browser = Client()
+    browser.force_login(user)
+    cookie = f"sessionid={browser.cookies['sessionid'].value}".encode()
+    dashboard = [(b"cookie", cookie), (b"origin", b"http://localhost")]
+    assert _handshake("/ws/dashboard/", dashboard, greeting=False)[
+        0
+    ]  # the browser case still works
+    stripped = [(b"cookie", cookie), (b"authorization", b"Token not-a-token")]
+    assert not _handshake("/ws/dashboard/", stripped, greeting=False)[0]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="controlplane/asgi.py must wrap the websocket stack in "
+    "jobs.remote.origin.TokenOrOriginValidator (not AllowedHostsOriginValidator)",
+)
+def test_the_server_accepts_a_token_client_without_origin(api, server, token):
+    worker = register(api)
+    url = server.url.replace("http://", "ws://") + f"/ws/workers/{worker['id']}"
+    headers = {"Authorization": f"Token {token}"}
+    with connect(url, additional_headers=headers, origin=None, proxy=None, open_timeout=5) as ws:
+        assert next_message(ws, "hello")["worker"] == worker["id"]
