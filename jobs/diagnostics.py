@@ -59,20 +59,23 @@ def sleep(ctx: JobContext, payload: dict[str, Any]) -> dict[str, float]:
     max_attempts=3,
     payload_schema={
         "type": "object",
+        # CONTRACT.md: {"message": str, "retryable": bool?}
+        "required": ["message"],
         "properties": {"message": {"type": "string"}, "retryable": {"type": "boolean"}},
         "additionalProperties": False,
     },
 )
 def fail(ctx: JobContext, payload: dict[str, Any]) -> None:
     """Raises DiagnosticFailure(message); retried with backoff when retryable."""
-    raise DiagnosticFailure(payload.get("message", "failed on purpose"), payload.get("retryable", False))
+    raise DiagnosticFailure(payload["message"], payload.get("retryable", False))
 
 
 @operation(
     "retry_later",
     payload_schema={
         "type": "object",
-        "required": ["times"],
+        # CONTRACT.md: {"times": int, "delay": float}, both required.
+        "required": ["times", "delay"],
         "properties": {
             "times": {"type": "integer", "minimum": 0, "maximum": 1000},
             "delay": {"type": "number", "minimum": 0, "maximum": 86400},
@@ -86,7 +89,7 @@ def retry_later(ctx: JobContext, payload: dict[str, Any]) -> dict[str, int]:
 
     done = JobEvent.objects.filter(job_id=ctx.job_id, event="job.retry_later").count()
     if done < payload["times"]:
-        raise RetryLaterError(f"retry {done + 1} of {payload['times']}", payload.get("delay", 1.0))
+        raise RetryLaterError(f"retry {done + 1} of {payload['times']}", payload["delay"])
     return {"retried": done}
 
 
