@@ -18,13 +18,16 @@ The filled database is kept and reused on the next run with the same sizes
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import random
 import statistics
 import sys
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -139,9 +142,45 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def job_id(i: int) -> str:
+    """The id the fill gave job number ``i`` (``md5(i::text)::uuid``), computed locally."""
+    return str(uuid.UUID(hashlib.md5(str(i).encode()).hexdigest()))
+
+
+def explain(sql: str, params: list) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
+        print("    " + "\n    ".join(row[0] for row in cursor.fetchall()), flush=True)
+
+
+def timed_runs(label: str, client, headers, make_request, runs: int, requests: int) -> None:
+    """``runs`` runs of ``requests`` calls; p50/p95 per run and their medians."""
+    for _ in range(20):  # warm-up: connections, code paths (not the sampled rows)
+        client.get(*make_request(), headers=headers)
+    p50s, p95s = [], []
+    for run in range(runs):
+        timings = []
+        for _ in range(requests):
+            path, params = make_request()
+            t0 = time.perf_counter()
+            response = client.get(path, params, headers=headers)
+            timings.append((time.perf_counter() - t0) * 1000)
+            assert response.status_code == 200, response.content[:300]
+        p50s.append(percentile(timings, 0.50))
+        p95s.append(percentile(timings, 0.95))
+        print(f"  {label:<34} run {run + 1}: p50 {p50s[-1]:.2f} ms  p95 {p95s[-1]:.2f} ms",
+              flush=True)
+    print(
+        f"{label:<36} median of {runs} runs: p50 {statistics.median(p50s):.2f} ms  "
+        f"p95 {statistics.median(p95s):.2f} ms  ({requests} requests per run)",
+        flush=True,
+    )
+
+
 def measure(jobs: int, events: int, runs: int, requests: int) -> None:
     from django.contrib.auth.models import User
-    from django.db import connection
     from django.test import Client
     from rest_framework.authtoken.models import Token
 
@@ -153,64 +192,69 @@ def measure(jobs: int, events: int, runs: int, requests: int) -> None:
     headers = {"Authorization": f"Token {token.key}"}
     rng = random.Random(42)
 
-    def job_id(i: int) -> str:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT md5(%s::text)::uuid", [i])
-            return str(cursor.fetchone()[0])
+    def any_job() -> str:
+        # Sampled over the whole table on every request, so most rows are cold:
+        # not a few hundred warm ids.
+        return job_id(rng.randint(1, jobs))
 
-    sample = [job_id(rng.randint(1, jobs)) for _ in range(200)]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "EXPLAIN SELECT * FROM jobs_jobevent "
-            "WHERE job_id = %s AND seq > %s ORDER BY seq LIMIT 500",
-            [sample[0], events // 2],
-        )
-        print("plan:", " / ".join(row[0].strip() for row in cursor.fetchall()))
+    print("plan of GET /jobs/<id>/events?after=N (a random job, after = half its timeline):")
+    explain(
+        "SELECT * FROM jobs_jobevent WHERE job_id = %s AND seq > %s ORDER BY seq LIMIT 500",
+        [any_job(), events // 2],
+    )
+    print("plan of GET /jobs (first page, no filter):")
+    explain("SELECT * FROM jobs_job ORDER BY created_at DESC, id DESC LIMIT 51", [])
+    print("plan of GET /jobs?queue=q3&status=succeeded (first page):")
+    explain(
+        "SELECT * FROM jobs_job WHERE queue IN ('q3') AND status IN ('succeeded') "
+        "ORDER BY created_at DESC, id DESC LIMIT 51",
+        [],
+    )
 
     # The database's share: the selector alone (one index range scan), no HTTP.
     from jobs.selectors import job_events_after
 
     timings = []
-    for n in range(runs * requests):
-        pk = sample[n % len(sample)]
+    for _ in range(runs * requests):
+        pk = any_job()
         t0 = time.perf_counter()
-        job_events_after(pk, rng.randint(0, events), 500)
+        job_events_after(uuid.UUID(pk), rng.randint(0, events), 500)
         timings.append((time.perf_counter() - t0) * 1000)
     print(
-        f"{'selector only (no HTTP)':<28} p50 {percentile(timings, 0.5):.2f} ms  "
+        f"{'selector only (no HTTP)':<36} p50 {percentile(timings, 0.5):.2f} ms  "
         f"p95 {percentile(timings, 0.95):.2f} ms  ({len(timings)} calls)",
         flush=True,
     )
 
+    def events_after(after) -> Callable[[], tuple[str, dict]]:
+        return lambda: (f"/jobs/{any_job()}/events", {"after": after()})
+
+    first = client.get("/jobs", {"limit": 50}, headers=headers).json()
+    deep_cursor = parse_qs(urlsplit(first["next"]).query)["cursor"][0]
     cases = {
-        "after=random": lambda: rng.randint(0, events),
-        "after=0 (whole timeline)": lambda: 0,
-        "after=last (nothing new)": lambda: events,
+        "events after=0 (whole timeline)": events_after(lambda: 0),
+        "events after=random": events_after(lambda: rng.randint(0, events)),
+        "events after=last (nothing new)": events_after(lambda: events),
+        "jobs first page (counted)": lambda: ("/jobs", {"limit": 50}),
+        "jobs filtered queue+status": lambda: (
+            "/jobs", {"limit": 50, "queue": f"q{rng.randint(0, 7)}", "status": "succeeded"}
+        ),
+        "jobs created_before=random": lambda: (
+            "/jobs", {"limit": 50, "count": "false",
+                      "created_before": f"{_random_time(rng, jobs)}"},
+        ),
+        "jobs next page (cursor)": lambda: ("/jobs", {"limit": 50, "cursor": deep_cursor}),
     }
-    for label, after in cases.items():
-        for _ in range(50):  # warm-up: connections, caches, code paths
-            client.get(f"/jobs/{rng.choice(sample)}/events", {"after": after()}, headers=headers)
-        p50s, p95s = [], []
-        for run in range(runs):
-            timings = []
-            for _ in range(requests):
-                path = f"/jobs/{rng.choice(sample)}/events"
-                params = {"after": after()}
-                t0 = time.perf_counter()
-                response = client.get(path, params, headers=headers)
-                timings.append((time.perf_counter() - t0) * 1000)
-                assert response.status_code == 200, response.content[:300]
-            p50s.append(percentile(timings, 0.50))
-            p95s.append(percentile(timings, 0.95))
-            print(
-                f"  {label:<26} run {run + 1}: p50 {p50s[-1]:.2f} ms  p95 {p95s[-1]:.2f} ms",
-                flush=True,
-            )
-        print(
-            f"{label:<28} median of {runs} runs: p50 {statistics.median(p50s):.2f} ms  "
-            f"p95 {statistics.median(p95s):.2f} ms  ({requests} requests per run)",
-            flush=True,
-        )
+    for label, make_request in cases.items():
+        timed_runs(label, client, headers, make_request, runs, requests)
+
+
+def _random_time(rng: random.Random, jobs: int) -> str:
+    """A creation time inside the filled range (job i was created (jobs - i) * 10 ms ago)."""
+    from datetime import UTC, datetime, timedelta
+
+    ago = timedelta(milliseconds=10 * rng.randint(0, jobs))
+    return (datetime.now(UTC) - ago).isoformat()
 
 
 def main() -> None:

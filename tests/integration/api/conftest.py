@@ -33,8 +33,16 @@ class Api:
         self.client = Client()
         self.headers = {"Authorization": f"Token {token}"} if token else {}
 
-    def request(self, method: str, path: str, body: Any = None, *, raw: bytes | str | None = None,
-                content_type: str = "application/json", **extra: Any):
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        raw: bytes | str | None = None,
+        content_type: str = "application/json",
+        **extra: Any,
+    ):
         data = raw if raw is not None else (json.dumps(body) if body is not None else "")
         return self.client.generic(
             method, path, data=data, content_type=content_type, headers=self.headers, **extra
@@ -54,9 +62,9 @@ def make_user(name: str, perms: list[str] | None = None, *, superuser: bool = Fa
     else:
         user = User.objects.create_user(name)
     if perms:
-        user.user_permissions.set(Permission.objects.filter(
-            content_type__app_label="jobs", codename__in=perms
-        ))
+        user.user_permissions.set(
+            Permission.objects.filter(content_type__app_label="jobs", codename__in=perms)
+        )
     return user
 
 
@@ -106,6 +114,7 @@ def assert_error_shape(response, status: int) -> dict[str, Any]:
 
 
 # --- the remote-worker protocol, driven through the same client --------------------
+
 
 def register_worker(api: Api, operations: list[str] | None = None) -> str:
     """Register a remote worker for ``operations`` (default ``ping``); return its id."""

@@ -30,6 +30,7 @@ def test_bulk_cancel_by_queue_in_small_batches(operator, monkeypatch):
     monkeypatch.setattr(actions, "BULK_BATCH_SIZE", 3)
     calls = []
     original = actions.cancel_jobs
+
     def counting(ids, **kwargs):
         calls.append(len(ids))
         return original(ids, **kwargs)

@@ -53,8 +53,14 @@ def test_oversized_body_is_413(operator, settings):
 def test_body_larger_than_its_declared_length_is_cut_at_the_limit(operator, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2000
     raw = json.dumps({"operation": "ping", "pad": "x" * 5000})
-    response = operator.client.generic("POST", "/jobs", raw, content_type="application/json",
-                                       headers=operator.headers, CONTENT_LENGTH="10")
+    response = operator.client.generic(
+        "POST",
+        "/jobs",
+        raw,
+        content_type="application/json",
+        headers=operator.headers,
+        CONTENT_LENGTH="10",
+    )
     assert response.status_code == 400
 
 
@@ -66,8 +72,14 @@ def test_form_bodies_are_415(operator):
 
 
 def test_unknown_and_malformed_ids_are_404(viewer):
-    for path in (f"/jobs/{uuid.uuid4()}", "/jobs/not-a-uuid", "/jobs/12345/", "/jobs/%20",
-                 f"/workers/{uuid.uuid4()}", "/workers/zzz"):
+    for path in (
+        f"/jobs/{uuid.uuid4()}",
+        "/jobs/not-a-uuid",
+        "/jobs/12345/",
+        "/jobs/%20",
+        f"/workers/{uuid.uuid4()}",
+        "/workers/zzz",
+    ):
         assert_error_shape(viewer.get(path), 404)
 
 
@@ -79,9 +91,16 @@ def test_unknown_api_paths_are_json_404(viewer, api_for):
 
 def test_wrong_methods_are_405(operator):
     job = queued()
-    for method, path in [("DELETE", "/jobs"), ("PUT", f"/jobs/{job.pk}"), ("GET", "/jobs/cancel"),
-                         ("GET", f"/jobs/{job.pk}/cancel"), ("GET", f"/jobs/{job.pk}/retry/"),
-                         ("PUT", "/queues"), ("DELETE", "/queues/default"), ("PUT", "/workers")]:
+    for method, path in [
+        ("DELETE", "/jobs"),
+        ("PUT", f"/jobs/{job.pk}"),
+        ("GET", "/jobs/cancel"),
+        ("GET", f"/jobs/{job.pk}/cancel"),
+        ("GET", f"/jobs/{job.pk}/retry/"),
+        ("PUT", "/queues"),
+        ("DELETE", "/queues/default"),
+        ("PUT", "/workers"),
+    ]:
         response = operator.request(method, path)
         error = assert_error_shape(response, 405)
         assert method in error["message"]
@@ -170,21 +189,27 @@ def _write_routes(api) -> list[tuple[str, str, str, str]]:
     return [
         ("POST", "/jobs", f'{{"operation": "sleep", "payload": {{"seconds": {HUGE}}}}}', "payload"),
         ("POST", "/jobs", f'{{"operation": "ping", "priority": -{HUGE}}}', "priority"),
-        ("POST", "/jobs", f'{{"operation": "ping", "payload": {{"a": [1, {DIGITS}]}}}}',
-         "payload"),
+        ("POST", "/jobs", f'{{"operation": "ping", "payload": {{"a": [1, {DIGITS}]}}}}', "payload"),
         ("POST", f"/jobs/{failed_job.pk}/cancel", f'{{"reason": {HUGE}}}', "reason"),
         ("POST", f"/jobs/{failed_job.pk}/retry", f'{{"reason": {HUGE}}}', "reason"),
         ("POST", "/jobs/cancel", f'{{"queue": [{HUGE}]}}', "queue"),
         ("POST", "/jobs/retry", f'{{"all": true, "ids": [{HUGE}]}}', "ids"),
         ("POST", "/workers", f'{{"operations": ["ping"], "concurrency": {HUGE}}}', "concurrency"),
-        ("PATCH", f"/workers/{worker}", f'{{"held": [{{"id": "{job_id}", "x": {HUGE}}}]}}',
-         "held"),
+        ("PATCH", f"/workers/{worker}", f'{{"held": [{{"id": "{job_id}", "x": {HUGE}}}]}}', "held"),
         ("POST", f"/workers/{worker}/claim", f'{{"wait": {HUGE}}}', "wait"),
-        ("POST", f"/jobs/{job_id}/events", f'{{{held}, "event": "t", "fields": {{"n": {HUGE}}}}}',
-         "fields"),
+        (
+            "POST",
+            f"/jobs/{job_id}/events",
+            f'{{{held}, "event": "t", "fields": {{"n": {HUGE}}}}}',
+            "fields",
+        ),
         ("POST", f"/jobs/{job_id}/complete", f'{{{held}, "result": {{"v": {HUGE}}}}}', "result"),
-        ("POST", f"/jobs/{job_id}/fail",
-         f'{{{held}, "error_code": "E", "error_message": "m", "retryable": {HUGE}}}', "retryable"),
+        (
+            "POST",
+            f"/jobs/{job_id}/fail",
+            f'{{{held}, "error_code": "E", "error_message": "m", "retryable": {HUGE}}}',
+            "retryable",
+        ),
         ("POST", "/jobs", HUGE, "non_field_errors"),
     ]
 
@@ -193,14 +218,22 @@ def test_non_finite_numbers_are_refused_on_every_write_route(admin):
     from jobs.models import JobEvent, Worker
 
     routes = _write_routes(admin)
-    before = (Job.objects.count(), Worker.objects.count(), JobEvent.objects.count(),
-              sorted(Job.objects.values_list("id", "status", "result")))
+    before = (
+        Job.objects.count(),
+        Worker.objects.count(),
+        JobEvent.objects.count(),
+        sorted(Job.objects.values_list("id", "status", "result")),
+    )
     for method, path, raw, field in routes:
         error = assert_error_shape(admin.request(method, path, raw=raw), 400)
         assert list(error["errors"]) == [field], (method, path, error)
         assert "finite" in error["errors"][field][0]
-    after = (Job.objects.count(), Worker.objects.count(), JobEvent.objects.count(),
-             sorted(Job.objects.values_list("id", "status", "result")))
+    after = (
+        Job.objects.count(),
+        Worker.objects.count(),
+        JobEvent.objects.count(),
+        sorted(Job.objects.values_list("id", "status", "result")),
+    )
     assert after == before  # nothing stored, nothing changed
     body = admin.get("/jobs").json()  # and the list still renders
     assert len(body["results"]) == before[0]
@@ -234,9 +267,11 @@ def test_out_of_range_timestamps_in_filters_are_400(operator, value):
 
 def test_edge_timestamps_that_fit_still_filter(viewer):
     queued()
-    for name, value, n in (("created_after", "0001-01-01T00:00:00Z", 1),
-                           ("created_before", "9999-12-31T00:00:00Z", 1),
-                           ("created_after", "9999-12-30T23:59:00-05:00", 0)):
+    for name, value, n in (
+        ("created_after", "0001-01-01T00:00:00Z", 1),
+        ("created_before", "9999-12-31T00:00:00Z", 1),
+        ("created_after", "9999-12-30T23:59:00-05:00", 0),
+    ):
         body = viewer.get("/jobs", **{name: value}).json()
         assert len(body["results"]) == n, (name, value, body)
 
@@ -253,6 +288,7 @@ def test_out_of_range_timestamp_inside_a_cursor_is_400(viewer, value):
 
 # --- requests Django refuses before (or inside) a view -------------------------------
 
+
 def test_too_many_query_parameters_is_json_400(viewer, settings):
     query = "&".join(f"f{n}=1" for n in range(1001))
     for debug in (False, True):
@@ -262,8 +298,9 @@ def test_too_many_query_parameters_is_json_400(viewer, settings):
             error = assert_error_shape(response, 400)
             assert "1000" in error["message"], error
     settings.DEBUG = False
-    response = viewer.client.post(f"/jobs?{query}", "{}", content_type="application/json",
-                                  headers=viewer.headers)
+    response = viewer.client.post(
+        f"/jobs?{query}", "{}", content_type="application/json", headers=viewer.headers
+    )
     assert_error_shape(response, 400)
 
 
@@ -278,8 +315,13 @@ def test_bad_host_header_is_json_400_for_the_api_and_html_elsewhere(viewer):
 
 def test_unknown_api_paths_stay_json_with_debug_on(viewer, settings, api_for):
     settings.DEBUG = True
-    for path in ("/jobs/a/b/c", f"/jobs/{uuid.uuid4()}/nothing", "/queues/a/b/c",
-                 "/workers/a/b/c", "/schema/nothing"):
+    for path in (
+        "/jobs/a/b/c",
+        f"/jobs/{uuid.uuid4()}/nothing",
+        "/queues/a/b/c",
+        "/workers/a/b/c",
+        "/schema/nothing",
+    ):
         assert_error_shape(viewer.get(path), 404)
         assert_error_shape(api_for("anonymous").get(path), 404)
         assert_error_shape(viewer.post(path, {}), 404)

@@ -24,9 +24,26 @@ from .conftest import assert_error_shape
 pytestmark = pytest.mark.django_db
 
 JOB_KEYS = {
-    "id", "operation", "queue", "status", "priority", "payload", "result", "error_code",
-    "error_message", "attempts", "max_attempts", "parent", "progress_current", "progress_total",
-    "created_at", "run_after", "started_at", "finished_at", "leased_until", "worker",
+    "id",
+    "operation",
+    "queue",
+    "status",
+    "priority",
+    "payload",
+    "result",
+    "error_code",
+    "error_message",
+    "attempts",
+    "max_attempts",
+    "parent",
+    "progress_current",
+    "progress_total",
+    "created_at",
+    "run_after",
+    "started_at",
+    "finished_at",
+    "leased_until",
+    "worker",
 }
 
 
@@ -44,11 +61,19 @@ def test_enqueue_returns_201_and_the_job(operator):
 def test_enqueue_with_every_option(operator):
     parent = queued()
     run_after = (timezone.now() + timedelta(hours=1)).isoformat()
-    response = operator.post("/jobs/", {
-        "operation": "sleep", "payload": {"seconds": 0.1}, "queue": "special", "priority": -100,
-        "run_after": run_after, "max_attempts": 4, "parent": str(parent.pk),
-        "idempotency_key": "k-1",
-    })
+    response = operator.post(
+        "/jobs/",
+        {
+            "operation": "sleep",
+            "payload": {"seconds": 0.1},
+            "queue": "special",
+            "priority": -100,
+            "run_after": run_after,
+            "max_attempts": 4,
+            "parent": str(parent.pk),
+            "idempotency_key": "k-1",
+        },
+    )
     assert response.status_code == 201, response.content
     body = response.json()
     assert (body["queue"], body["priority"], body["max_attempts"]) == ("special", -100, 4)
@@ -117,7 +142,11 @@ def test_detail_has_every_field_and_children_counts(viewer):
     body = response.json()
     assert JOB_KEYS <= set(body)
     assert body["children"] == {
-        "queued": 2, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 1
+        "queued": 2,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 1,
     }
     assert viewer.get(f"/jobs/{parent.pk}/").json() == body
 
@@ -176,8 +205,14 @@ def test_list_filters_by_parent_and_created_range(viewer):
 
 @pytest.mark.parametrize(
     "params",
-    [{"status": "bogus"}, {"parent": "x"}, {"created_after": "soon"}, {"limit": "0"},
-     {"limit": "many"}, {"cursor": "garbage!"}],
+    [
+        {"status": "bogus"},
+        {"parent": "x"},
+        {"created_after": "soon"},
+        {"limit": "0"},
+        {"limit": "many"},
+        {"cursor": "garbage!"},
+    ],
 )
 def test_list_refuses_bad_filters(viewer, params):
     error = assert_error_shape(viewer.get("/jobs", **params), 400)

@@ -107,8 +107,12 @@ def test_session_auth_reads_and_needs_csrf_to_write(db):
     assert_error_shape(refused, 403)
     client.get("/accounts/login/")  # sets the csrftoken cookie
     token = client.cookies["csrftoken"].value
-    accepted = client.post(f"/jobs/{job.pk}/cancel", "{}", content_type="application/json",
-                           headers={"X-CSRFToken": token})
+    accepted = client.post(
+        f"/jobs/{job.pk}/cancel",
+        "{}",
+        content_type="application/json",
+        headers={"X-CSRFToken": token},
+    )
     assert accepted.status_code == 200 and accepted.json()["status"] == "cancelled"
 
 

@@ -16,8 +16,17 @@ from .conftest import assert_error_shape
 
 pytestmark = pytest.mark.django_db
 
-QUEUE_KEYS = {"name", "kind", "counts", "oldest_queued_age", "running", "throughput", "paused",
-              "concurrency_cap", "pending_messages"}
+QUEUE_KEYS = {
+    "name",
+    "kind",
+    "counts",
+    "oldest_queued_age",
+    "running",
+    "throughput",
+    "paused",
+    "concurrency_cap",
+    "pending_messages",
+}
 ZERO = {"queued": 0, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0}
 
 
@@ -41,7 +50,11 @@ def test_queues_union_rows_and_job_queues_with_every_figure(viewer):
     assert QUEUE_KEYS <= set(queues["work"])
     work = queues["work"]
     assert work["counts"] == {
-        "queued": 2, "running": 0, "succeeded": 1, "failed": 1, "cancelled": 1
+        "queued": 2,
+        "running": 0,
+        "succeeded": 1,
+        "failed": 1,
+        "cancelled": 1,
     }
     assert work["kind"] == "job" and work["paused"] is False and work["running"] == 0
     assert 89 <= work["oldest_queued_age"] < 200
@@ -89,16 +102,32 @@ def test_pause_is_post_only(operator):
 
 def test_workers_with_their_current_jobs(viewer):
     busy = Worker.objects.create(name="w1", hostname="host-a", pid=41, queues=["wq"], concurrency=2)
-    idle = Worker.objects.create(name="w2", kind="remote", hostname="host-b", queues=["x"],
-                                 last_heartbeat=timezone.now() - timedelta(seconds=30))
+    idle = Worker.objects.create(
+        name="w2",
+        kind="remote",
+        hostname="host-b",
+        queues=["x"],
+        last_heartbeat=timezone.now() - timedelta(seconds=30),
+    )
     jobs = [queued(queue="wq") for _ in range(2)]
     claim_jobs(queues=["wq"], worker_id=busy.pk, limit=2, lease_seconds=30)
     response = viewer.get("/workers")
     assert response.status_code == 200
     workers = {w["id"]: w for w in response.json()}
     one = workers[str(busy.pk)]
-    assert {"id", "name", "kind", "hostname", "pid", "queues", "concurrency", "started_at",
-            "last_heartbeat", "heartbeat_age", "current_jobs"} <= set(one)
+    assert {
+        "id",
+        "name",
+        "kind",
+        "hostname",
+        "pid",
+        "queues",
+        "concurrency",
+        "started_at",
+        "last_heartbeat",
+        "heartbeat_age",
+        "current_jobs",
+    } <= set(one)
     assert sorted(one["current_jobs"]) == sorted(str(j.pk) for j in jobs)
     assert (one["hostname"], one["pid"], one["queues"]) == ("host-a", 41, ["wq"])
     assert one["kind"] == "local"
@@ -131,3 +160,21 @@ def test_remote_only_routes_are_not_swallowed_by_job_routes(api_for):
         response = remote.post(path, {"lease_token": str(uuid.uuid4())})
         assert response.status_code != 405, (path, response.content)
         assert b"There is no API route" not in response.content, path
+
+
+def test_throughput_tells_the_last_minute_from_the_last_hour(viewer):
+    now = timezone.now()
+    finished = {
+        "just now": succeeded(queue="tp"),
+        "50 s ago": failed(queue="tp"),
+        "70 s ago": cancelled(queue="tp"),
+        "59 min ago": succeeded(queue="tp"),
+        "2 h ago": succeeded(queue="tp"),
+    }
+    for label, ago in (("50 s ago", timedelta(seconds=50)), ("70 s ago", timedelta(seconds=70)),
+                       ("59 min ago", timedelta(minutes=59)), ("2 h ago", timedelta(hours=2))):
+        Job.objects.filter(pk=finished[label].pk).update(finished_at=now - ago)
+    queued(queue="tp")  # not finished: counts in neither
+    expected = {"last_minute": 2, "last_hour": 4}
+    assert viewer.get("/queues/tp").json()["throughput"] == expected
+    assert by_name(viewer.get("/queues").json())["tp"]["throughput"] == expected

@@ -41,7 +41,8 @@ ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
     ("job-retry", "POST"): (lambda api: (f"/jobs/{failed().pk}/retry", None), 200),
     ("job-complete", "POST"): (lambda api: _held(api, "complete", {"result": {}}), 200),
     ("job-fail", "POST"): (
-        lambda api: _held(api, "fail", {"error_code": "E", "error_message": "m"}), 200
+        lambda api: _held(api, "fail", {"error_code": "E", "error_message": "m"}),
+        200,
     ),
     ("queue-list", "GET"): (lambda api: ("/queues", None), 200),
     ("queue-detail", "GET"): (lambda api: ("/queues/default", None), 200),
@@ -53,7 +54,8 @@ ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
     ("worker-detail", "PATCH"): (lambda api: (f"/workers/{register_worker(api)}", {}), 200),
     ("worker-detail", "DELETE"): (lambda api: (f"/workers/{register_worker(api)}", None), 200),
     ("worker-claim", "POST"): (
-        lambda api: (f"/workers/{register_worker(api)}/claim", {"limit": 1}), 200
+        lambda api: (f"/workers/{register_worker(api)}/claim", {"limit": 1}),
+        200,
     ),
     ("schema", "GET"): (lambda api: ("/schema", None), 200),
     ("schema-docs", "GET"): (lambda api: ("/schema/docs", None), 200),

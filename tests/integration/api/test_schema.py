@@ -16,15 +16,27 @@ from rest_framework.authtoken.models import Token
 from .conftest import assert_error_shape
 
 CONTRACT_ROUTES = {
-    ("get", "/jobs"), ("post", "/jobs"), ("get", "/jobs/{job_id}"),
-    ("get", "/jobs/{job_id}/events"), ("post", "/jobs/{job_id}/cancel"),
-    ("post", "/jobs/{job_id}/retry"), ("post", "/jobs/cancel"), ("post", "/jobs/retry"),
-    ("get", "/queues"), ("post", "/queues/{name}/pause"), ("post", "/queues/{name}/resume"),
-    ("get", "/workers"), ("get", "/workers/{worker_id}"),
+    ("get", "/jobs"),
+    ("post", "/jobs"),
+    ("get", "/jobs/{job_id}"),
+    ("get", "/jobs/{job_id}/events"),
+    ("post", "/jobs/{job_id}/cancel"),
+    ("post", "/jobs/{job_id}/retry"),
+    ("post", "/jobs/cancel"),
+    ("post", "/jobs/retry"),
+    ("get", "/queues"),
+    ("post", "/queues/{name}/pause"),
+    ("post", "/queues/{name}/resume"),
+    ("get", "/workers"),
+    ("get", "/workers/{worker_id}"),
     # The remote-worker protocol.
-    ("post", "/workers"), ("patch", "/workers/{worker_id}"), ("delete", "/workers/{worker_id}"),
-    ("post", "/workers/{worker_id}/claim"), ("post", "/jobs/{job_id}/events"),
-    ("post", "/jobs/{job_id}/complete"), ("post", "/jobs/{job_id}/fail"),
+    ("post", "/workers"),
+    ("patch", "/workers/{worker_id}"),
+    ("delete", "/workers/{worker_id}"),
+    ("post", "/workers/{worker_id}/claim"),
+    ("post", "/jobs/{job_id}/events"),
+    ("post", "/jobs/{job_id}/complete"),
+    ("post", "/jobs/{job_id}/fail"),
 }
 
 
@@ -81,18 +93,27 @@ def fuzz(operation, headers: dict[str, str], statuses: Counter[int], failures: l
 
     deadline = time.monotonic() + SECONDS_PER_OPERATION
 
-    @given(case=operation.as_strategy(GenerationMode.POSITIVE)
-           | operation.as_strategy(GenerationMode.NEGATIVE))
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(
+        case=operation.as_strategy(GenerationMode.POSITIVE)
+        | operation.as_strategy(GenerationMode.NEGATIVE)
+    )
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     def run(case) -> None:
         if time.monotonic() > deadline:
             return
         response = case.call(headers=headers)
         statuses[response.status_code] += 1
         if response.status_code >= 500:
-            failures.append(f"{case.method} {case.formatted_path} -> {response.status_code}: "
-                            f"{response.text[:200]}")
+            failures.append(
+                f"{case.method} {case.formatted_path} -> {response.status_code}: "
+                f"{response.text[:200]}"
+            )
         elif response.status_code >= 400:
             body = response.json()
             assert set(body) == {"message", "errors"}, body
