@@ -9,10 +9,12 @@ import pytest
 
 from jobs.claims import claim_jobs
 from jobs.exceptions import LeaseLost
+from jobs.models import Job
+from jobs.operations import registry
 from jobs.rescues import fail_timed_out, requeue_expired_leases
-from jobs.transitions import complete_job, emit_event
+from jobs.transitions import complete_job, defer_job, emit_event
 
-from .helpers import assert_consistent, claim, fresh, queued, running
+from .helpers import assert_consistent, claim, context, fresh, queued, running
 
 pytestmark = pytest.mark.django_db
 
@@ -68,3 +70,24 @@ def test_fail_timed_out_spares_jobs_with_recent_events():
     assert stalled.status == "failed" and stalled.error_code == "JobTimeout"
     assert assert_consistent(stalled)[-1][1] == "job.timeout"
     assert fresh(lively).status == "running"
+
+
+def test_a_deferred_parent_is_held_by_its_batches_not_by_a_lease():
+    coordinator_worker = uuid.uuid4()
+    parent = queued("fanout", payload={"batches": 2})
+    held = claim(parent, lease_seconds=300, worker_id=coordinator_worker)
+    outcome = registry.get("fanout").execute(context(held), held.payload)
+    defer_job(parent.pk, lease_token=held.lease_token, result=outcome.result)
+    row = fresh(parent)
+    assert (row.status, row.lease_token, row.leased_until) == ("running", None, None)
+    assert row.worker_id is None
+    # Neither an expiry nor the sweep of the worker that ran the coordinator touches it,
+    assert requeue_expired_leases(max_requeues=3, worker_ids=[coordinator_worker]) == ([], [])
+    # not even a row deferred before worker_id was cleared on defer.
+    Job.objects.filter(pk=parent.pk).update(worker_id=coordinator_worker)
+    assert requeue_expired_leases(max_requeues=0, worker_ids=[coordinator_worker]) == ([], [])
+    assert fresh(parent).status == "running"
+    # The hard timeout with its stall grace still applies.
+    assert fail_timed_out(timeout_seconds=0, stall_seconds=0) == [parent.pk]
+    assert fresh(parent).error_code == "JobTimeout"
+    assert_consistent(parent)
