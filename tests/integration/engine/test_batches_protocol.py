@@ -32,8 +32,10 @@ pytestmark = pytest.mark.django_db
 
 def drain(queue: str, *, limit: int = 1000) -> list[str]:
     """Run every visible message of ``queue`` once, as a consumer would."""
-    return [run_message(MessageFlight(m)) for m in claim_messages(queue=queue, limit=limit,
-                                                                  visibility_seconds=30)]
+    return [
+        run_message(MessageFlight(m))
+        for m in claim_messages(queue=queue, limit=limit, visibility_seconds=30)
+    ]
 
 
 def events(job: Job, name: str) -> int:
@@ -102,15 +104,23 @@ def test_the_coordinator_cannot_overwrite_the_count_its_batches_own():
     parent, held, outcome = coordinate(2)
     drain(f"{parent.queue}.batch")
     drain(f"{parent.queue}.write")
-    emit_event(parent.pk, event="coordinator.tick", lease_token=held.lease_token,
-               fields={"_progress_current": 0, "_progress_total": 10})
+    emit_event(
+        parent.pk,
+        event="coordinator.tick",
+        lease_token=held.lease_token,
+        fields={"_progress_current": 0, "_progress_total": 10},
+    )
     assert (fresh(parent).progress_current, fresh(parent).progress_total) == (2, 2)
     defer_job(parent.pk, lease_token=held.lease_token, result=outcome.result, progress=(0, 10))
     assert fresh(parent).status == "succeeded"
     # A job without batches still reports its own progress.
     plain, plain_held = running()
-    emit_event(plain.pk, event="tick", lease_token=plain_held.lease_token,
-               fields={"_progress_current": 3, "_progress_total": 9})
+    emit_event(
+        plain.pk,
+        event="tick",
+        lease_token=plain_held.lease_token,
+        fields={"_progress_current": 3, "_progress_total": 9},
+    )
     assert (fresh(plain).progress_current, fresh(plain).progress_total) == (3, 9)
 
 
@@ -187,8 +197,11 @@ def test_cancelled_ancestor_is_found_at_any_depth():
     leaf = queued(parent=middle.pk)
     assert not has_cancelled_ancestor(leaf.pk)
     # Cancel the root alone, bypassing the cascade, as if the children were claimed in between.
-    transitions._move(target=transitions.CANCELLED, job_ids=[root.pk],
-                      event=transitions.Event("job.cancelled"),
-                      assign={"finished_at": timezone.now()})
+    transitions._move(
+        target=transitions.CANCELLED,
+        job_ids=[root.pk],
+        event=transitions.Event("job.cancelled"),
+        assign={"finished_at": timezone.now()},
+    )
     assert has_cancelled_ancestor(leaf.pk) and has_cancelled_ancestor(middle.pk)
     assert not has_cancelled_ancestor(root.pk)

@@ -31,8 +31,13 @@ def count(job, event: str) -> int:
 
 def reaper_config(**overrides) -> ReaperConfig:
     base = dict(
-        interval_seconds=0.2, timeout_seconds=3600, stall_seconds=600, max_lease_requeues=1,
-        worker_timeout_seconds=60, retention_days=7, retention_batch_size=100,
+        interval_seconds=0.2,
+        timeout_seconds=3600,
+        stall_seconds=600,
+        max_lease_requeues=1,
+        worker_timeout_seconds=60,
+        retention_days=7,
+        retention_batch_size=100,
     )
     return ReaperConfig(**{**base, **overrides})
 
@@ -59,7 +64,10 @@ def test_timeout_spares_a_busy_job_and_fails_a_stalled_one():
     worker_row = Worker.objects.create(name="w")
     busy = enqueue("sleep", {"seconds": 1})
     stalled = enqueue("sleep", {"seconds": 1})
-    claimed = {c.id: c for c in claim_jobs(queues=["default"], worker_id=worker_row.id, limit=2, lease_seconds=600)}
+    claimed = {
+        c.id: c
+        for c in claim_jobs(queues=["default"], worker_id=worker_row.id, limit=2, lease_seconds=600)
+    }
     past = timezone.now() - timedelta(hours=2)
     Job.objects.filter(pk__in=[busy.pk, stalled.pk]).update(started_at=past, last_event_at=past)
     transitions.emit_event(busy.pk, event="still.working", lease_token=claimed[busy.pk].lease_token)
@@ -75,7 +83,9 @@ def test_two_reapers_at_once_act_once():
     worker_row = Worker.objects.create(name="w")
     jobs = [enqueue("ping") for _ in range(40)]
     claim_jobs(queues=["default"], worker_id=worker_row.id, limit=40, lease_seconds=600)
-    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(leased_until=timezone.now() - timedelta(seconds=1))
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(
+        leased_until=timezone.now() - timedelta(seconds=1)
+    )
     results = []
 
     def reap():
@@ -138,14 +148,18 @@ def test_a_failed_batch_fails_the_parent(worker):
     parent.refresh_from_db()
     assert parent.error_code == "BatchFailed"
     assert "Batch 3" in parent.error_message
-    wait_for(lambda: not BatchMessage.objects.filter(parent_id=parent.pk).exists(), message="discarded")
+    wait_for(
+        lambda: not BatchMessage.objects.filter(parent_id=parent.pk).exists(), message="discarded"
+    )
 
 
 def test_cancelling_a_parent_stops_its_batches_and_children(worker):
     parent = enqueue("fanout", {"batches": 50, "batch_sleep": 0.2})
     child = enqueue("sleep", {"seconds": 30}, queue="children", parent=parent.pk)
     worker("default")
-    wait_for(lambda: BatchMessage.objects.filter(parent_id=parent.pk).exists(), message="dispatched")
+    wait_for(
+        lambda: BatchMessage.objects.filter(parent_id=parent.pk).exists(), message="dispatched"
+    )
     batch = worker("default.batch")
     wait_for(lambda: count(parent, "batch.dispatched") == 1, message="dispatch event")
     transitions.cancel_job(parent.pk, by="tester")
@@ -165,8 +179,12 @@ def test_child_of_a_cancelled_parent_is_cancelled_at_claim(worker):
     parent = enqueue("sleep", {"seconds": 30}, queue="parents")
     child = enqueue("ping", parent=parent.pk)
     # Cancel the parent alone, bypassing the cascade, as if the child were claimed in between.
-    transitions._move(target=transitions.CANCELLED, job_ids=[parent.pk],
-                      event=transitions.Event("job.cancelled"), assign={"finished_at": timezone.now()})
+    transitions._move(
+        target=transitions.CANCELLED,
+        job_ids=[parent.pk],
+        event=transitions.Event("job.cancelled"),
+        assign={"finished_at": timezone.now()},
+    )
     proc = worker(args=("--burst",))
     assert proc.wait(timeout=30) == 0
     assert status(child) == "cancelled"
