@@ -1,19 +1,28 @@
 """What operators do from the dashboard: plain functions the views call after their checks.
 
 Every job change goes through ``jobs.transitions`` so it is guarded and
-leaves an event carrying the operator's name (``by``) and reason. Bulk
-actions first *plan* (count what would change, shown to the operator for
-confirmation), then *run* in batches of a few hundred ids, newest first.
+leaves an event carrying the operator's name (``by``) and reason, and every
+action writes one ``OperatorAction`` audit row (``dashboard.audit``) with the
+number of jobs it changed, in the same transaction where the change is a
+single write. Bulk actions first *plan* (count what would change, shown to
+the operator for confirmation), then *run* in batches of a few hundred ids,
+newest first, and are recorded once with their filter.
 """
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from django.db import transaction
+
+from dashboard import audit
 from dashboard.db import Count, bounded_reads, cap, capped_count
 from dashboard.filters import JobFilters
+from dashboard.permissions import actor_name
 from dashboard.selectors import live_worker_ids
 from jobs.enqueue import notify_queues
 from jobs.exceptions import ControlPlaneError
@@ -36,39 +45,66 @@ def normalise_reason(reason: str | None) -> str:
 # --- one job -------------------------------------------------------------------
 
 
-def cancel_one(job_id: uuid.UUID, *, by: str, reason: str = "") -> bool:
+def cancel_one(job_id: uuid.UUID, *, user: Any, reason: str = "") -> bool:
     """Cancel a queued or running job (and its descendants). False if it had already ended."""
-    return cancel_job(job_id, by=by, reason=normalise_reason(reason) or None)
+    reason = normalise_reason(reason)
+    with transaction.atomic():
+        changed = cancel_job(job_id, by=actor_name(user), reason=reason or None)
+        audit.record_action(
+            user, audit.CANCEL, target=str(job_id), count=int(changed), reason=reason
+        )
+    return changed
 
 
-def retry_one(job_id: uuid.UUID, *, by: str, reason: str = "") -> bool:
+def retry_one(job_id: uuid.UUID, *, user: Any, reason: str = "") -> bool:
     """Put a failed or cancelled job back on its queue. False if it was not retryable."""
-    try:
-        retry_job(job_id, by=by, reason=normalise_reason(reason) or None)
-    except ControlPlaneError:
-        return False
-    return True
+    reason = normalise_reason(reason)
+    with transaction.atomic():
+        try:
+            with transaction.atomic():  # a refused retry must not undo the audit row
+                retry_job(job_id, by=actor_name(user), reason=reason or None)
+            changed = True
+        except ControlPlaneError:
+            changed = False
+        audit.record_action(
+            user, audit.RETRY, target=str(job_id), count=int(changed), reason=reason
+        )
+    return changed
 
 
-def requeue_orphan(job_id: uuid.UUID, *, by: str) -> bool:
+def requeue_orphan(job_id: uuid.UUID, *, user: Any) -> bool:
     """Requeue a running job whose worker is stale or gone. False if it is no longer orphaned.
 
     Checked again here, not only on the page: the worker may have come back
     since the page was drawn, and a live worker's job must not be taken away.
     """
+    by = actor_name(user)
     job = (
         Job.objects.filter(pk=job_id, status=RUNNING, lease_token__isnull=False)
         .only("id", "worker_id")
         .first()
     )
-    if job is None or (job.worker_id and job.worker_id in set(live_worker_ids())):
-        return False
-    reason = f"requeued by {by} from the dashboard: its worker is stale or gone"
-    try:
-        requeue_job(job.pk, lease_token=None, reason=reason)
-    except ControlPlaneError:
-        return False
-    return True
+    changed = False
+    if job is not None and not (job.worker_id and job.worker_id in set(live_worker_ids())):
+        reason = f"requeued by {by} from the dashboard: its worker is stale or gone"
+        try:
+            with transaction.atomic():
+                _requeue(job.pk, by=by, reason=reason)
+                audit.record_action(user, audit.REQUEUE_ORPHAN, target=str(job_id), count=1)
+            changed = True
+        except ControlPlaneError:
+            pass
+    if not changed:
+        audit.record_action(user, audit.REQUEUE_ORPHAN, target=str(job_id), count=0)
+    return changed
+
+
+def _requeue(job_id: uuid.UUID, *, by: str, reason: str) -> None:
+    """``requeue_job`` naming the operator in the event's ``fields.by`` where it can."""
+    if "by" in inspect.signature(requeue_job).parameters:
+        requeue_job(job_id, lease_token=None, reason=reason, by=by)  # type: ignore[call-arg]
+    else:
+        requeue_job(job_id, lease_token=None, reason=reason)
 
 
 # --- bulk ----------------------------------------------------------------------
@@ -88,6 +124,18 @@ class BulkPlan:
     @property
     def limit(self) -> int:
         return cap()
+
+    def describe(self) -> dict[str, Any]:
+        """The selection as stored in the audit log: the filter's fields, or the ids."""
+        if self.scope == "selected":
+            return {"scope": "selected", "ids": [str(i) for i in self.ids]}
+        described: dict[str, Any] = {"scope": "filter"}
+        for key, value in self.filters.params():
+            if key == "status":
+                described.setdefault("status", []).append(value)
+            else:
+                described[key] = value
+        return described
 
     @property
     def truncated(self) -> bool:
@@ -149,40 +197,59 @@ def _eligible_batches(plan: BulkPlan) -> Iterator[list[uuid.UUID]]:
         cursor = JobCursor(rows[-1][0], rows[-1][1])
 
 
-def run_bulk(plan: BulkPlan, *, by: str, reason: str = "") -> int:
-    """Run a planned bulk action; return how many jobs changed (cascaded children included)."""
-    reason_text = normalise_reason(reason) or None
+def run_bulk(plan: BulkPlan, *, user: Any, reason: str = "") -> int:
+    """Run a planned bulk action; return how many jobs changed (cascaded children included).
+
+    Recorded once in the audit log with the count and the filter, even when a
+    batch read times out midway (the batches already written stay written).
+    """
+    reason_text = normalise_reason(reason)
+    by = actor_name(user)
     changed = 0
-    for ids in _eligible_batches(plan):
-        if plan.action == "cancel":
-            changed += len(cancel_jobs(ids, by=by, reason=reason_text))
-        else:
-            changed += len(retry_jobs(ids, by=by, reason=reason_text))
+    try:
+        for ids in _eligible_batches(plan):
+            if plan.action == "cancel":
+                changed += len(cancel_jobs(ids, by=by, reason=reason_text or None))
+            else:
+                changed += len(retry_jobs(ids, by=by, reason=reason_text or None))
+    finally:
+        audit.record_action(
+            user,
+            audit.BULK_CANCEL if plan.action == "cancel" else audit.BULK_RETRY,
+            target=plan.scope,
+            count=changed,
+            filters=plan.describe(),
+            reason=reason_text,
+        )
     return changed
 
 
 # --- queues --------------------------------------------------------------------
 
 
-def set_paused(name: str, paused: bool) -> Queue:
+def set_paused(name: str, paused: bool, *, user: Any = None) -> Queue:
     """Pause or resume claiming on a queue (creating its settings row on first use)."""
-    queue, _ = Queue.objects.update_or_create(
-        name=name,
-        defaults={"paused": paused},
-        create_defaults={"paused": paused, "kind": Queue.default_kind(name)},
-    )
+    with transaction.atomic():
+        queue, _ = Queue.objects.update_or_create(
+            name=name,
+            defaults={"paused": paused},
+            create_defaults={"paused": paused, "kind": Queue.default_kind(name)},
+        )
+        audit.record_action(user, audit.PAUSE if paused else audit.RESUME, target=name)
     if not paused:
         notify_queues([name])  # waiting workers claim at once instead of at their next poll
     return queue
 
 
-def set_concurrency_cap(name: str, value: int | None) -> Queue:
+def set_concurrency_cap(name: str, value: int | None, *, user: Any = None) -> Queue:
     """Set (or clear, with None) the most jobs of a queue running at once."""
-    queue, _ = Queue.objects.update_or_create(
-        name=name,
-        defaults={"concurrency_cap": value},
-        create_defaults={"concurrency_cap": value, "kind": Queue.default_kind(name)},
-    )
+    with transaction.atomic():
+        queue, _ = Queue.objects.update_or_create(
+            name=name,
+            defaults={"concurrency_cap": value},
+            create_defaults={"concurrency_cap": value, "kind": Queue.default_kind(name)},
+        )
+        audit.record_action(user, audit.SET_CAP, target=name, filters={"concurrency_cap": value})
     return queue
 
 

@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from dashboard import detail as detail_reads
-from dashboard import selectors
+from dashboard import audit, selectors
 from dashboard.conf import setting
 from dashboard.permissions import OPERATOR
 from jobs.models import Job, JobEvent
@@ -110,6 +110,7 @@ def queues_context() -> dict[str, Any]:
         "jobs_url": reverse("dashboard:jobs"),
         "queues": selectors.queue_rows(),
         "reclaims": selectors.reclaimed_recently(),
+        "operator_actions": audit.recent_rows(),
         "reclaim_hours": setting("RECLAIM_WINDOW_HOURS"),
         "states": selectors.STATES,
     }

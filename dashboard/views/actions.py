@@ -15,7 +15,6 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from dashboard import actions
 from dashboard.db import is_timeout, timeout_response
 from dashboard.filters import JobFilters
-from dashboard.permissions import actor_name
 from dashboard.views.common import action, base_context
 from jobs.exceptions import JobNotFound
 from jobs.selectors import parse_uuid
@@ -41,7 +40,7 @@ def _plural(n: int, word: str = "job") -> str:
 def cancel(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     try:
         changed = actions.cancel_one(
-            job_id, by=actor_name(request.user), reason=request.POST.get("reason", "")
+            job_id, user=request.user, reason=request.POST.get("reason", "")
         )
     except JobNotFound:
         raise Http404("No such job.") from None
@@ -54,9 +53,7 @@ def cancel(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
 
 @action
 def retry(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
-    if actions.retry_one(
-        job_id, by=actor_name(request.user), reason=request.POST.get("reason", "")
-    ):
+    if actions.retry_one(job_id, user=request.user, reason=request.POST.get("reason", "")):
         messages.success(request, "Job queued again.")
     else:
         messages.info(request, "Only failed or cancelled jobs can be retried; nothing changed.")
@@ -104,9 +101,7 @@ def bulk(request: HttpRequest) -> HttpResponse:
         }
         return render(request, "dashboard/bulk_confirm.html", context)
     try:
-        changed = actions.run_bulk(
-            plan, by=actor_name(request.user), reason=request.POST.get("reason", "")
-        )
+        changed = actions.run_bulk(plan, user=request.user, reason=request.POST.get("reason", ""))
     except DatabaseError as error:
         if not is_timeout(error):
             raise
@@ -126,7 +121,7 @@ def bulk(request: HttpRequest) -> HttpResponse:
 
 @action
 def requeue(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
-    if actions.requeue_orphan(job_id, by=actor_name(request.user)):
+    if actions.requeue_orphan(job_id, user=request.user):
         messages.success(request, "Job requeued: another worker will pick it up.")
     else:
         messages.info(request, "The job is no longer orphaned (its worker is alive or it ended).")
@@ -143,7 +138,7 @@ def _queue_name(request: HttpRequest) -> str:
 @action
 def pause(request: HttpRequest) -> HttpResponse:
     name = _queue_name(request)
-    actions.set_paused(name, True)
+    actions.set_paused(name, True, user=request.user)
     messages.success(request, f"Queue {name} paused: workers stop claiming from it.")
     return _back(request, reverse("dashboard:queues"))
 
@@ -151,7 +146,7 @@ def pause(request: HttpRequest) -> HttpResponse:
 @action
 def resume(request: HttpRequest) -> HttpResponse:
     name = _queue_name(request)
-    actions.set_paused(name, False)
+    actions.set_paused(name, False, user=request.user)
     messages.success(request, f"Queue {name} resumed.")
     return _back(request, reverse("dashboard:queues"))
 
@@ -166,7 +161,7 @@ def set_cap(request: HttpRequest) -> HttpResponse:
             request, "The cap must be a whole number from 1 to 100,000, or empty for none."
         )
         return _back(request, reverse("dashboard:queues"))
-    actions.set_concurrency_cap(name, value)
+    actions.set_concurrency_cap(name, value, user=request.user)
     if value is None:
         messages.success(request, f"Queue {name} has no concurrency cap now.")
     else:

@@ -168,6 +168,6 @@ def test_bulk_run_reads_its_batches_under_the_timeout(monkeypatch) -> None:
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(slow_batch_read), pytest.raises(DatabaseError) as error:
-        actions.run_bulk(plan, by="op")
+        actions.run_bulk(plan, user=None)
     assert dashdb.is_timeout(error.value)
     assert Job.objects.get(pk=job.pk).status == "queued"
