@@ -137,3 +137,73 @@ def test_a_job_that_is_not_a_task_is_not_a_task_result():
     with pytest.raises(TaskResultDoesNotExist):
         default_task_backend.get_result(str(job.pk))
     assert Job.objects.filter(pk=job.pk).exists()
+
+
+class TaskBroke(RuntimeError):
+    """An exception class of this module: its path must come back importable."""
+
+
+@task(queue_name=QUEUE)
+def break_down(reason):
+    raise TaskBroke(reason)
+
+
+def test_a_failed_tasks_error_names_an_importable_class_and_the_real_traceback():
+    result = explode.enqueue("kaboom")
+    run_one_job()
+    [error] = explode.get_result(result.id).errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert error.exception_class is ValueError
+    assert error.traceback.startswith("Traceback (most recent call last):")
+    assert "raise ValueError(message)" in error.traceback
+    assert error.traceback.rstrip().endswith("ValueError: kaboom")
+
+
+def test_an_exception_class_of_the_tasks_own_module():
+    result = break_down.enqueue("gears")
+    run_one_job()
+    [error] = break_down.get_result(result.id).errors
+    assert error.exception_class is TaskBroke
+    assert error.exception_class_path == f"{__name__}.TaskBroke"
+
+
+@pytest.mark.parametrize(
+    "code,path",
+    [
+        ("KeyError", "builtins.KeyError"),
+        ("LeaseLost", "jobs.exceptions.LeaseLost"),
+        ("WorkerShutdown", "builtins.Exception"),
+    ],
+)
+def test_a_task_failed_outside_its_function_still_has_an_importable_class(code, path):
+    """Failed by the engine (no task.error event): the error code maps to a real class."""
+    result = add.enqueue(1, 2)
+    [held] = claim_jobs(queues=[QUEUE], worker_id=uuid.uuid4(), limit=1, lease_seconds=30)
+    fail_job(held.id, lease_token=held.lease_token, error_code=code, error_message="gone")
+    [error] = add.get_result(result.id).errors
+    assert error.exception_class_path == path
+    assert issubclass(error.exception_class, BaseException)
+    assert error.traceback == f"{code}: gone"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_run_by_a_real_worker_process(start_process):
+    """``@task`` → a ``runworker --burst`` process → ``get_result()``, success and failure."""
+    from pathlib import Path
+
+    # The worker imports the tasks by their module path: put this module's root on its path.
+    root = Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
+    ok = add.enqueue(20, 22)
+    bad = explode.enqueue("from a real worker")
+    proc = start_process("runworker", "--queue", QUEUE, "--burst", env={"PYTHONPATH": str(root)})
+    assert proc.wait(timeout=120) == 0, proc.output()
+
+    done = add.get_result(ok.id)
+    assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, 42), proc.output()
+    assert len(done.worker_ids) == 1
+    failed = explode.get_result(bad.id)
+    assert failed.status == TaskResultStatus.FAILED, proc.output()
+    [error] = failed.errors
+    assert error.exception_class is ValueError
+    assert "ValueError: from a real worker" in error.traceback
+    assert "Traceback (most recent call last):" in error.traceback
