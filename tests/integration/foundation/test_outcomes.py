@@ -149,7 +149,7 @@ def test_retry_later_does_not_count_the_attempt_and_waits():
 
 
 def test_retryable_failure_with_attempts_left_is_scheduled_again():
-    job, held = running("fail", max_attempts=2)
+    job, held = running("fail", payload={"message": "boom"}, max_attempts=2)
     status = fail_job(
         job.pk,
         lease_token=held.lease_token,
@@ -170,7 +170,7 @@ def test_retryable_failure_with_attempts_left_is_scheduled_again():
 
 
 def test_retryable_failure_on_the_last_attempt_fails():
-    job, held = running("fail", max_attempts=2)
+    job, held = running("fail", payload={"message": "boom"}, max_attempts=2)
     fail_job(
         job.pk,
         lease_token=held.lease_token,
@@ -203,7 +203,7 @@ def test_retryable_failure_on_the_last_attempt_fails():
 
 
 def test_non_retryable_failure_fails_even_with_attempts_left():
-    job, held = running("fail", max_attempts=5)
+    job, held = running("fail", payload={"message": "boom"}, max_attempts=5)
     assert (
         fail_job(job.pk, lease_token=held.lease_token, error_code="E", error_message="m")
         == "failed"
