@@ -35,9 +35,7 @@ def status(job: Job) -> str:
 
 
 def timeline(job: Job) -> list[tuple[int, str]]:
-    return list(
-        JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("seq", "event")
-    )
+    return list(JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("seq", "event"))
 
 
 def declare_remote(name: str, queue: str = "default") -> None:
@@ -77,7 +75,10 @@ def test_claim_with_local_operations_skips_remote_only_ones_it_does_not_run():
     both = enqueue("both.sides", {}, queue=queue)
     local = enqueue("ping", queue=queue)
     claimed = claim_jobs(
-        queues=[queue], worker_id=uuid.uuid4(), limit=10, lease_seconds=30,
+        queues=[queue],
+        worker_id=uuid.uuid4(),
+        limit=10,
+        lease_seconds=30,
         local_operations=["ping", "both.sides"],
     )
     assert {c.id for c in claimed} == {both.pk, local.pk}
@@ -110,7 +111,10 @@ def test_complete_and_claim_fences_completions_and_writes_every_event():
             Completion(good.id, good.lease_token, {"ok": 1}, None, 7),
             Completion(stale.id, uuid.uuid4(), {"ok": 2}, None, 7),  # not its token
         ],
-        queues=[queue], worker_id=worker_id, limit=2, lease_seconds=30,
+        queues=[queue],
+        worker_id=worker_id,
+        limit=2,
+        lease_seconds=30,
         local_operations=["sleep"],
     )
     assert moved == [good.id]
@@ -127,12 +131,19 @@ def test_complete_and_claim_fences_completions_and_writes_every_event():
         assert (row.status, row.lease_token, row.worker_id) == ("running", c.lease_token, worker_id)
     # the last queued job; nothing to complete, then nothing left to claim
     moved, last = complete_and_claim(
-        [], queues=[queue], worker_id=worker_id, limit=5, lease_seconds=30,
+        [],
+        queues=[queue],
+        worker_id=worker_id,
+        limit=5,
+        lease_seconds=30,
     )
     assert moved == [] and len(last) == 1
     moved, none = complete_and_claim(
         [Completion(c.id, c.lease_token) for c in claimed],
-        queues=[queue], worker_id=worker_id, limit=5, lease_seconds=30,
+        queues=[queue],
+        worker_id=worker_id,
+        limit=5,
+        lease_seconds=30,
     )
     assert sorted(moved) == sorted(c.id for c in claimed) and none == []
 
@@ -144,14 +155,20 @@ def test_complete_and_claim_skips_remote_only_operations():
     remote = enqueue("remote.only", {}, queue=queue)
     local = enqueue("ping", queue=queue)
     held = claim_jobs(
-        queues=[queue], worker_id=uuid.uuid4(), limit=1, lease_seconds=30,
+        queues=[queue],
+        worker_id=uuid.uuid4(),
+        limit=1,
+        lease_seconds=30,
         local_operations=["ping"],
     )
     assert [h.id for h in held] == [local.pk]
     queued_local = enqueue("ping", queue=queue)
     moved, claimed = complete_and_claim(
         [Completion(held[0].id, held[0].lease_token)],
-        queues=[queue], worker_id=uuid.uuid4(), limit=5, lease_seconds=30,
+        queues=[queue],
+        worker_id=uuid.uuid4(),
+        limit=5,
+        lease_seconds=30,
         local_operations=["ping"],
     )
     assert moved == [local.pk] and [c.id for c in claimed] == [queued_local.pk]

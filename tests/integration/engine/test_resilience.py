@@ -57,7 +57,9 @@ def test_worker_recovers_from_a_postgresql_restart(worker):
     wait_for(lambda: _status(running) == "running", message="running")
     version = sorted(os.listdir("/etc/postgresql"))[0]
     subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], check=True, timeout=60
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        check=True,
+        timeout=60,
     )
     connection.close()
     job = enqueue("ping")
@@ -73,7 +75,9 @@ def test_notify_wakes_an_idle_worker_quickly(worker):
     wait_for(lambda: _status(warm) == "succeeded", timeout=40, message="listener up")
     time.sleep(0.3)
     job = enqueue("ping")
-    wait_for(lambda: _status(job) == "succeeded", timeout=5, message="woken by NOTIFY, not the 30 s poll")
+    wait_for(
+        lambda: _status(job) == "succeeded", timeout=5, message="woken by NOTIFY, not the 30 s poll"
+    )
     started = JobEvent.objects.get(job_id=job.pk, event="job.started").ts
     assert (started - job.created_at).total_seconds() < 2
     assert proc.popen.poll() is None

@@ -23,7 +23,9 @@ def status(job) -> str:
 
 
 def events(job) -> list[str]:
-    return list(JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("event", flat=True))
+    return list(
+        JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("event", flat=True)
+    )
 
 
 def test_concurrent_workers_never_run_a_job_twice(worker):
@@ -34,7 +36,8 @@ def test_concurrent_workers_never_run_a_job_twice(worker):
     assert Job.objects.filter(pk__in=[j.pk for j in jobs], status="succeeded").count() == 300
     starts = (
         JobEvent.objects.filter(event="job.started", job_id__in=[j.pk for j in jobs])
-        .values("job_id").annotate(n=Count("id"))
+        .values("job_id")
+        .annotate(n=Count("id"))
     )
     assert {row["n"] for row in starts} == {1}
     assert len(starts) == 300
@@ -73,7 +76,9 @@ def test_sigkill_leaves_a_leased_job_that_expires(worker, start_process):
     proc.wait(timeout=10)
     job.refresh_from_db()
     assert job.status == "running" and job.leased_until is not None
-    wait_for(lambda: Job.objects.get(pk=job.pk).leased_until < timezone.now(), message="lease expiry")
+    wait_for(
+        lambda: Job.objects.get(pk=job.pk).leased_until < timezone.now(), message="lease expiry"
+    )
     reaper = start_process("reaper", "--once")
     assert reaper.wait(timeout=30) == 0, reaper.output()
     job.refresh_from_db()
@@ -84,7 +89,9 @@ def test_sigkill_leaves_a_leased_job_that_expires(worker, start_process):
 def test_cancel_of_a_running_job_stops_it(worker):
     job = enqueue("sleep", {"seconds": 60, "emit_every": 0.1})
     worker()
-    wait_for(lambda: JobEvent.objects.filter(job_id=job.pk, event="sleep.tick").exists(), message="ticks")
+    wait_for(
+        lambda: JobEvent.objects.filter(job_id=job.pk, event="sleep.tick").exists(), message="ticks"
+    )
     assert transitions.cancel_job(job.pk, by="tester", reason="stop")
     after = enqueue("ping")  # the worker's only slot comes back once the cancelled run stops
     wait_for(lambda: status(after) == "succeeded", timeout=20, message="slot freed")
@@ -93,7 +100,10 @@ def test_cancel_of_a_running_job_stops_it(worker):
     timeline = events(job)
     assert "job.succeeded" not in timeline and "job.failed" not in timeline
     cancelled_at = timeline.index("job.cancelled")
-    assert all(e == "sleep.tick" for e in timeline[cancelled_at + 1 :]) and len(timeline) - cancelled_at <= 2
+    assert (
+        all(e == "sleep.tick" for e in timeline[cancelled_at + 1 :])
+        and len(timeline) - cancelled_at <= 2
+    )
 
 
 def test_retryable_failure_backs_off_then_fails(worker):
@@ -132,7 +142,9 @@ def test_priority_then_fifo_and_run_after(worker):
     proc = worker(args=("--burst",))
     assert proc.wait(timeout=30) == 0
     order = list(
-        JobEvent.objects.filter(event="job.started").order_by("ts", "id").values_list("job_id", flat=True)
+        JobEvent.objects.filter(event="job.started")
+        .order_by("ts", "id")
+        .values_list("job_id", flat=True)
     )
     assert order == [high.pk, first.pk, second.pk, low.pk]
     assert status(later) == "queued"
@@ -163,10 +175,12 @@ def test_concurrency_cap_holds_across_workers(worker):
     for _ in range(2):
         worker("capped", args=("--concurrency", "3"))
     peak = 0
+
     def done():
         nonlocal peak
         peak = max(peak, Job.objects.filter(queue="capped", status="running").count())
         return Job.objects.filter(pk__in=[j.pk for j in jobs], status="succeeded").count() == 8
+
     wait_for(done, timeout=40, interval=0.02, message="capped jobs done")
     assert 1 <= peak <= 2
 
