@@ -172,11 +172,11 @@ def _encode_payload(payload: dict[str, Any], limit: int) -> tuple[str, dict[str,
     """
     try:
         text = _dumps(payload)
-    except ValueError:  # a non-finite float (allow_nan=False), or a circular reference
-        found = _unstorable(payload)
-        if found:
-            return "", {found[0]: [f"The value {found[1]}."]}
-        return "", {"payload": ["The payload is not JSON: it refers to itself."]}
+    except ValueError as error:  # a non-finite float (allow_nan=False), or a cycle
+        if "ircular" in str(error):
+            return "", {"payload": ["The payload is not JSON: it refers to itself."]}
+        found = _unstorable(payload) or ("payload", f"is not JSON ({error})")
+        return "", {found[0]: [f"The value {found[1]}."]}
     except TypeError as error:
         return "", {"payload": [f"The payload is not JSON: {error}"]}
     try:

@@ -1,0 +1,59 @@
+"""The payload encoder and id generator of bulk enqueue, without a database."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from jobs.enqueue import _encode_payload, _uuid4s
+
+LIMIT = 1 << 20
+
+
+def test_uuid4s_are_valid_distinct_version_4_uuids():
+    ids = _uuid4s(2000)
+    assert len(set(ids)) == 2000
+    for value in ids[:200]:
+        assert value.version == 4 and value.variant == uuid.RFC_4122
+        again = uuid.UUID(str(value))
+        assert again == value and hash(again) == hash(value) and again.int == value.int
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{}, {"a": [1, 2.5, None, True]}, {"é": "ünï", "e": "\U0001f600"}, {"s": "\\u0000"}],
+)
+def test_storable_payloads_round_trip(payload):
+    text, errors = _encode_payload(payload, LIMIT)
+    assert errors == {}
+    assert json.loads(text) == payload
+
+
+def test_the_size_limit_counts_utf8_bytes():
+    text, errors = _encode_payload({"s": "é" * 10}, 28)
+    assert errors == {} and len(text.encode()) == 28
+    _, errors = _encode_payload({"s": "é" * 11}, 28)
+    assert list(errors) == ["payload"] and "30 bytes" in errors["payload"][0]
+
+
+@pytest.mark.parametrize(
+    "payload,field",
+    [
+        ({"x": float("nan")}, "payload.x"),
+        ({"x": [0, {"y": float("-inf")}]}, "payload.x.1.y"),
+        ({"x": "\x00"}, "payload.x"),
+        ({"x": "\udfff"}, "payload.x"),
+    ],
+)
+def test_unstorable_payloads_name_the_field(payload, field):
+    text, errors = _encode_payload(payload, LIMIT)
+    assert text == "" and list(errors) == [field]
+
+
+def test_a_payload_that_contains_itself_is_refused():
+    payload: dict = {}
+    payload["me"] = payload
+    _, errors = _encode_payload(payload, LIMIT)
+    assert "refers to itself" in errors["payload"][0]
