@@ -35,7 +35,7 @@ LABELS = {
     BULK_RETRY: "Bulk retry",
     PAUSE: "Paused",
     RESUME: "Resumed",
-    SET_CAP: "Set the concurrency cap of",
+    SET_CAP: "Concurrency cap",
     REQUEUE_ORPHAN: "Requeued orphan",
 }
 
@@ -92,7 +92,7 @@ def recent_rows(limit: int = 15) -> list[ActionRow]:
                 at=entry.at,
                 username=entry.username or "—",
                 label=LABELS.get(entry.action, entry.action),
-                target=entry.target,
+                target="" if entry.action in (BULK_CANCEL, BULK_RETRY) else entry.target,
                 job_id=entry.target if entry.action in JOB_ACTIONS else None,
                 count=entry.count,
                 detail=_detail(entry),

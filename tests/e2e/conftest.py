@@ -170,9 +170,11 @@ def open_page(browser, server, transactional_db) -> Iterator[Callable[..., objec
         # Console errors include Content-Security-Policy refusals: a page must cause none.
         page.on(
             "console",
-            lambda msg: msg.type == "error"
-            and "WebSocket" not in msg.text
-            and page.script_errors.append(msg.text),
+            lambda msg: (
+                msg.type == "error"
+                and "WebSocket" not in msg.text
+                and page.script_errors.append(msg.text)
+            ),
         )
         page.on("dialog", lambda dialog: dialog.accept())
         pages.append(page)

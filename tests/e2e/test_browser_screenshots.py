@@ -23,6 +23,7 @@ from tests.conftest import ROOT
 from tests.integration.dashboard.helpers import (
     cancelled,
     failed,
+    make_user,
     queued,
     running,
     succeeded,
@@ -86,6 +87,7 @@ def _realistic_data() -> Job:
     running({"to": "ops@example.com"}, operation="emails.send", queue="emails", worker_id=dead.pk)
     Queue.objects.create(name="reports", paused=True)
     Queue.objects.create(name="emails", concurrency_cap=20)
+    _operator_history(now, finished[0])
 
     star, held = running(
         {"model": "esm2-650M", "proteins": 12000, "batch_size": 1000},
@@ -121,6 +123,32 @@ def _realistic_data() -> Job:
             ts=started + timedelta(seconds=31 * (event.seq - 2))
         )
     return star
+
+
+def _operator_history(now, job: Job) -> None:
+    """A few audit rows, as if operators had used the dashboard this morning."""
+    from dashboard import audit
+    from jobs.models import OperatorAction
+
+    linus = make_user("operator", "linus")
+    entries = [
+        (audit.PAUSE, "reports", 0, {}, "month-end freeze", 95),
+        (audit.SET_CAP, "emails", 0, {"concurrency_cap": 20}, "", 80),
+        (
+            audit.BULK_RETRY,
+            "filter",
+            37,
+            {"scope": "filter", "status": ["failed"], "queue": "emails"},
+            "SMTP relay is back",
+            42,
+        ),
+        (audit.CANCEL, str(job.pk), 1, {}, "duplicate invoice", 12),
+    ]
+    for action, target, count, filters, reason, minutes in entries:
+        row = audit.record_action(
+            linus, action, target=target, count=count, filters=filters, reason=reason
+        )
+        OperatorAction.objects.filter(pk=row.pk).update(at=now - timedelta(minutes=minutes))
 
 
 def _heartbeats() -> None:
