@@ -88,7 +88,7 @@ def test_emit_on_a_cancelled_job_raises_job_cancelled():
 
 
 def test_a_cancelled_job_is_never_put_back_on_the_queue_by_its_worker():
-    job, held = running("fail", max_attempts=5)
+    job, held = running("fail", payload={"message": "boom"}, max_attempts=5)
     assert cancel_job(job.pk) is True
     token = held.lease_token
     refused(
