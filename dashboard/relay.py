@@ -17,12 +17,9 @@ When does it read?
   ``RELAY_SAFETY_POLL_SECONDS`` covers a lost connection.
 * SQLite (no NOTIFY): a read every ``RELAY_INTERVAL_SECONDS``.
 
-Ids are handed out at insert but become visible at commit, so a big
-transaction can commit after rows with higher ids were read. Every id the
-relay skipped over is remembered as a *hole* and looked up again on later
-reads until it shows up or ``RELAY_HOLE_SECONDS`` pass (rolled-back inserts
-leave holes that never fill). Each event is thus reported once, however late
-its transaction commits within that window.
+What it reads comes from ``dashboard.cursor.EventCursor``: the rows after
+its last id plus those that filled the ids it skipped over (a transaction
+that commits after later ids were read), each reported once.
 """
 
 from __future__ import annotations
@@ -31,27 +28,24 @@ import asyncio
 import logging
 import time
 import uuid
-from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.db.models import Q
 
 from dashboard import detail as detail_reads
 from dashboard import render, selectors
 from dashboard.conf import setting
+from dashboard.cursor import EventCursor, max_event_id
 from dashboard.db import bounded_reads
 from dashboard.filters import JobFilters
-from jobs.models import Job, JobEvent
+from jobs.models import Job
 from jobs.remote.listener import listener
 
 log = logging.getLogger("dashboard.relay")
 
 EVENTS_CHANNEL = "controlplane_events"  # sent by the jobs_jobevent trigger (jobs 0002)
-BATCH = 5000
-MAX_HOLES = 200  # ranges of skipped ids kept; the oldest go first
 SUMMARY_PAGES = ("overview", "workers", "queues")
 
 
@@ -87,23 +81,13 @@ class Changes:
     full: bool = False  # a read hit BATCH: read again soon
 
 
-@dataclass(frozen=True)
-class Hole:
-    """Event ids ``low..high`` skipped over (not committed yet, or rolled back), since when."""
-
-    low: int
-    high: int
-    since: float
-
-
 class Relay:
     """The per-process relay. Consumers call ``add``/``remove``; the task runs itself."""
 
     def __init__(self) -> None:
         self.subscribers: dict[str, Subscription] = {}
         self.task: asyncio.Task | None = None
-        self.last_id: int | None = None
-        self.holes: list[Hole] = []
+        self.cursor = EventCursor()
         self.wake: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listening = False
@@ -129,10 +113,9 @@ class Relay:
         if sub.job_id is not None:
             self.job_seq.setdefault(sub.job_id, sub.after)
         if not self.running:
-            end = await database_sync_to_async(_max_event_id)()
+            end = await database_sync_to_async(max_event_id)()
             if not self.running and self.subscribers:  # nobody started it meanwhile
-                self.last_id = end  # pages catch up on older events themselves
-                self.holes = []
+                self.cursor = EventCursor(end)  # pages catch up on older events themselves
                 self.loop = asyncio.get_running_loop()
                 self.wake = asyncio.Event()
                 self._listen()
@@ -220,7 +203,7 @@ class Relay:
             due = min(due, at_least - since)
             if self.dirty:
                 due = min(due, quiet_after - since)
-        if self.holes:
+        if self.cursor.holes:
             due = min(due, 1.0)  # a late commit sends its own NOTIFY; this is a backstop
         return max(due, 0.02)
 
@@ -256,70 +239,15 @@ class Relay:
         return pushes, changes.full
 
     def _read_changes(self) -> Changes:
-        """New rows after the cursor, plus rows that filled earlier holes."""
-        if self.last_id is None:
-            self.last_id = _max_event_id()
-        columns = ("id", "job_id", "seq", "event")
-        late: list[tuple[int, uuid.UUID, int, str]] = []
-        if self.holes:
-            self._expire_holes()
-        if self.holes:
-            in_holes = Q()
-            for hole in self.holes:
-                in_holes |= Q(id__range=(hole.low, hole.high))
-            late = list(
-                JobEvent.objects.filter(in_holes).order_by("id").values_list(*columns)[:BATCH]
-            )
-            self._fill_holes([r[0] for r in late], complete=len(late) < BATCH)
-        rows = list(
-            JobEvent.objects.filter(id__gt=self.last_id)
-            .order_by("id")
-            .values_list(*columns)[:BATCH]
-        )
-        if not rows and self.last_id > 0 and not late:
-            if not JobEvent.objects.filter(id__lte=self.last_id).exists():
-                self.last_id, self.holes = 0, []  # the table was emptied
-        expected = self.last_id + 1
-        for row in rows:
-            if row[0] > expected:
-                self._add_hole(expected, row[0] - 1)
-            expected = row[0] + 1
-        if rows:
-            self.last_id = rows[-1][0]
+        """The jobs whose events appeared since the last read (late commits included)."""
+        rows, full = self.cursor.read()
         jobs: dict[uuid.UUID, int] = {}
         enqueued: list[uuid.UUID] = []
-        for _, job_id, seq, name in late + rows:
+        for _, job_id, seq, name in rows:
             jobs[job_id] = max(seq, jobs.get(job_id, 0))
             if name == "job.enqueued":
                 enqueued.append(job_id)
-        full = len(rows) >= BATCH or len(late) >= BATCH
         return Changes(jobs=jobs, enqueued=enqueued, full=full)
-
-    # --- holes: ids skipped over that a late commit may still fill ----------
-    def _add_hole(self, low: int, high: int) -> None:
-        self.holes.append(Hole(low, high, time.monotonic()))
-        if len(self.holes) > MAX_HOLES:
-            self.holes = self.holes[-MAX_HOLES:]
-
-    def _expire_holes(self) -> None:
-        horizon = time.monotonic() - float(setting("RELAY_HOLE_SECONDS"))
-        self.holes = [h for h in self.holes if h.since >= horizon]
-
-    def _fill_holes(self, found: list[int], *, complete: bool) -> None:
-        """Cut the ids just read (ascending) out of the holes; if the read was cut short
-        at ``BATCH``, only up to the last id read counts."""
-        cutoff = None if complete or not found else found[-1]
-        holes: list[Hole] = []
-        for hole in self.holes:
-            top = hole.high if cutoff is None else min(hole.high, cutoff)
-            start = hole.low
-            for i in found[bisect_left(found, hole.low) : bisect_right(found, top)]:
-                if i > start:
-                    holes.append(Hole(start, i - 1, hole.since))
-                start = i + 1
-            if start <= hole.high:
-                holes.append(Hole(start, hole.high, hole.since))
-        self.holes = holes
 
     def _job_pushes(self, changes: Changes, subs: dict[str, Subscription]):
         watched: dict[uuid.UUID, set[str]] = {}
@@ -392,10 +320,6 @@ class Relay:
             yield page_group(page), {"type": "page.refresh", "page": page, "html": html}
         if pushed or not wanted:
             self.dirty = False
-
-
-def _max_event_id() -> int:
-    return JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
 
 
 def _summaries(ids: list[uuid.UUID], *, with_payload: bool) -> list[dict[str, Any]]:

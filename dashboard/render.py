@@ -18,8 +18,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from dashboard import detail as detail_reads
 from dashboard import audit, selectors
+from dashboard import detail as detail_reads
 from dashboard.conf import setting
 from dashboard.permissions import OPERATOR
 from jobs.models import Job, JobEvent

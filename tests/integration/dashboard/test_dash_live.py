@@ -281,11 +281,11 @@ async def test_an_event_that_commits_after_later_ids_is_still_reported() -> None
         skipped.delete()  # "not committed yet"
         first = fresh_relay._read_changes()
         assert set(first.jobs) == {late.pk}
-        assert [(h.low, h.high) for h in fresh_relay.holes] == [(values["id"], values["id"])]
+        assert [(h.low, h.high) for h in fresh_relay.cursor.holes] == [(values["id"], values["id"])]
         JobEvent.objects.create(**values)  # "the transaction commits"
         second = fresh_relay._read_changes()
         assert second.jobs == {early.pk: 3}
-        assert fresh_relay.holes == []
+        assert fresh_relay.cursor.holes == []
         assert fresh_relay._read_changes().jobs == {}  # reported once
 
     await db(scenario)()
