@@ -7,7 +7,7 @@ claim writes its ``job.started`` events in the same statement.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -254,6 +254,23 @@ class Completion:
     duration_ms: int | None = None
 
 
+def _array_literal(elements: Iterable[str]) -> str:
+    """A PostgreSQL array literal, sent as one text parameter and cast in SQL.
+
+    psycopg's list adapter quotes element by element in Python; one string is
+    quoted once, in C. Elements come here already in array-literal syntax.
+    """
+    return "{" + ",".join(elements) + "}"
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _int(value: int | None) -> str:
+    return "NULL" if value is None else str(int(value))
+
+
 def _completion_update(
     d: Any, completions: Sequence[Completion], now: Any
 ) -> tuple[str, list[Any]]:
@@ -274,13 +291,14 @@ def _completion_update(
             "unnest(%s::uuid[], %s::uuid[], %s::jsonb[], %s::int[], %s::int[], %s::int[]) "
             "AS v(column1, column2, column3, column4, column5, column6)"
         )
+        progress = [c.progress or (None, None) for c in completions]
         params += [
-            [c.job_id for c in completions],
-            [c.lease_token for c in completions],
-            [d.json(c.result) for c in completions],
-            [(c.progress or (None, None))[0] for c in completions],
-            [(c.progress or (None, None))[1] for c in completions],
-            [c.duration_ms for c in completions],
+            _array_literal(str(c.job_id) for c in completions),
+            _array_literal(str(c.lease_token) for c in completions),
+            _array_literal(_quoted(d.json(c.result)) for c in completions),
+            _array_literal(_int(p[0]) for p in progress),
+            _array_literal(_int(p[1]) for p in progress),
+            _array_literal(_int(c.duration_ms) for c in completions),
         ]
     else:
         source = f"(VALUES {', '.join(['(%s, %s, %s, %s, %s, %s)'] * len(completions))}) AS v"
