@@ -322,6 +322,33 @@ def print_plan(title: str, plan: dict) -> list[dict]:
     return nodes
 
 
+def _by_primary_key(node: dict) -> bool:
+    """An Index Scan on jobs_job_pkey, or a Bitmap Heap Scan fed only by it (``id = ANY(…)``)."""
+    if node["Node Type"] == "Index Scan":
+        return node.get("Index Name") == "jobs_job_pkey"
+    if node["Node Type"] == "Bitmap Heap Scan":
+        children = node.get("Plans", [])
+        return bool(children) and all(
+            c["Node Type"] == "Bitmap Index Scan" and c.get("Index Name") == "jobs_job_pkey"
+            for c in children
+        )
+    return False
+
+
+def _claimable_or_primary_key(nodes: list[dict]) -> bool:
+    """jobs_job is read through an Index Scan on job_claimable_idx and primary-key probes only."""
+    scans = [
+        n for n in nodes
+        if n.get("Relation Name") == "jobs_job" and n["Node Type"] != "ModifyTable"
+    ]
+    pick = [n for n in scans if n.get("Index Name") == "job_claimable_idx"]
+    return (
+        bool(pick)
+        and all(n["Node Type"] == "Index Scan" for n in pick)
+        and all(n in pick or _by_primary_key(n) for n in scans)
+    )
+
+
 def claim_plan_check(limit: int, title: str) -> bool:
     """Print the claim's plan; True when jobs_job is picked only through job_claimable_idx."""
     from jobs.claims import claim_jobs
@@ -332,14 +359,12 @@ def claim_plan_check(limit: int, title: str) -> bool:
         lambda: claim_jobs(queues=[QUEUE], worker_id=uuid.uuid4(), limit=limit, lease_seconds=30),
     )
     nodes = print_plan(title, plan)
-    scans = [n for n in nodes if n.get("Relation Name") == "jobs_job"]
-    pick = [n for n in scans if n.get("Index Name") == "job_claimable_idx"]
-    bad = [n for n in scans if n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan")]
-    ok = bool(pick) and not bad and all(n["Node Type"] == "Index Scan" for n in pick)
+    pick = [n for n in nodes if n.get("Index Name") == "job_claimable_idx"]
+    ok = _claimable_or_primary_key(nodes)
     verdict = (
-        "an index range scan over claimable rows"
+        "an index range scan over claimable rows, then primary-key probes"
         if ok
-        else "NOT an index range scan on job_claimable_idx"
+        else "NOT an index range scan on job_claimable_idx plus primary-key probes"
     )
     print(f"    -> the claim is {verdict}")
     for node in pick:
@@ -378,6 +403,35 @@ def completion_plan_check(count: int, title: str) -> bool:
     return ok
 
 
+def cycle_plan_check(count: int, title: str) -> bool:
+    """Print the plan of the worker's one-statement cycle (complete ``count``, claim ``count``).
+
+    True when ``jobs_job`` is only reached through ``job_claimable_idx`` (the
+    pick) and ``jobs_job_pkey`` (the completions and the claimed rows).
+    """
+    from jobs.claims import Completion, claim_jobs, complete_and_claim
+
+    def action() -> None:
+        worker = uuid.uuid4()
+        jobs = claim_jobs(queues=[QUEUE], worker_id=worker, limit=count, lease_seconds=30)
+        complete_and_claim(
+            [Completion(j.id, j.lease_token, {"pong": True}, None, 0) for j in jobs],
+            queues=[QUEUE], worker_id=worker, limit=count, lease_seconds=30,
+            local_operations=["ping"],
+        )
+
+    nodes = print_plan(
+        title,
+        explain_inside("cycle", lambda sql: sql.startswith("WITH done AS"), action),
+    )
+    ok = _claimable_or_primary_key(nodes)
+    print(
+        "    -> the cycle statement "
+        + ("reads jobs_job by claimable index and primary key only" if ok else "scans more")
+    )
+    return ok
+
+
 def big_check(engine: EngineSystem, args, clean_drain_2: float | None) -> None:
     print(
         f"\n== Claim on a big table: {args.big:,} finished + "
@@ -390,6 +444,7 @@ def big_check(engine: EngineSystem, args, clean_drain_2: float | None) -> None:
     k = engine.concurrency
     claim_ok = claim_plan_check(k, f"claim of {k}, {args.jobs:,} claimable")
     completion_ok = completion_plan_check(k, f"completion of {k}")
+    cycle_ok = cycle_plan_check(k, f"one-statement cycle: complete {k}, claim {k}")
     engine.sql("DELETE FROM jobs_jobevent")
     engine.sql("DELETE FROM jobs_job WHERE status = 'queued' AND run_after <= now()")
     drain, _ = engine.drain_live(args.jobs, 2, k, args.poll)
@@ -402,6 +457,7 @@ def big_check(engine: EngineSystem, args, clean_drain_2: float | None) -> None:
     engine.enqueue_bulk(k * 4)
     claim_ok &= claim_plan_check(k, "claim after the drain, dead rows not vacuumed")
     completion_ok &= completion_plan_check(k, "completion after the drain, dead rows not vacuumed")
+    cycle_ok &= cycle_plan_check(k, "one-statement cycle after the drain, dead rows not vacuumed")
     live, dead = engine.sql(
         "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs_job'"
     )[0]
@@ -414,6 +470,7 @@ def big_check(engine: EngineSystem, args, clean_drain_2: float | None) -> None:
         "  completion plan check: "
         + ("PASS" if completion_ok else "WARN: not by primary key (reads every running job)")
     )
+    print(f"  cycle plan check: {'PASS' if cycle_ok else 'FAIL'}")
 
 
 # --- report -------------------------------------------------------------------------------
