@@ -11,7 +11,6 @@ newest first, and are recorded once with their filter.
 
 from __future__ import annotations
 
-import inspect
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -89,7 +88,7 @@ def requeue_orphan(job_id: uuid.UUID, *, user: Any) -> bool:
         reason = f"requeued by {by} from the dashboard: its worker is stale or gone"
         try:
             with transaction.atomic():
-                _requeue(job.pk, by=by, reason=reason)
+                requeue_job(job.pk, lease_token=None, reason=reason, by=by)
                 audit.record_action(user, audit.REQUEUE_ORPHAN, target=str(job_id), count=1)
             changed = True
         except ControlPlaneError:
@@ -97,14 +96,6 @@ def requeue_orphan(job_id: uuid.UUID, *, user: Any) -> bool:
     if not changed:
         audit.record_action(user, audit.REQUEUE_ORPHAN, target=str(job_id), count=0)
     return changed
-
-
-def _requeue(job_id: uuid.UUID, *, by: str, reason: str) -> None:
-    """``requeue_job`` naming the operator in the event's ``fields.by`` where it can."""
-    if "by" in inspect.signature(requeue_job).parameters:
-        requeue_job(job_id, lease_token=None, reason=reason, by=by)  # type: ignore[call-arg]
-    else:
-        requeue_job(job_id, lease_token=None, reason=reason)
 
 
 # --- bulk ----------------------------------------------------------------------

@@ -395,15 +395,20 @@ def requeue_job(
     *,
     lease_token: uuid.UUID | None,
     reason: str = "worker shutdown",
+    by: str | None = None,
     using: str = "default",
 ) -> Moved:
-    """running -> queued now (graceful shutdown, remote disconnect); the attempt is not counted."""
+    """running -> queued now (graceful shutdown, remote disconnect, an operator's requeue of
+    an orphan); the attempt is not counted. ``by`` names the operator in the event."""
     return _move_one(
         job_id,
         target=QUEUED,
         sources=(RUNNING,),  # never resurrect a cancelled or failed job
         lease_token=lease_token,
-        event=Event("job.requeued", level="warning", message=reason, fields={"reason": reason}),
+        event=Event(
+            "job.requeued", level="warning", message=reason,
+            fields={"reason": reason, **_operator_fields(by, None)},
+        ),
         assign={
             **CLEAR_LEASE,
             "attempts": DECREMENT_ATTEMPTS,

@@ -230,14 +230,6 @@ def test_recent_operator_actions_are_shown_escaped(operator_client: Client, view
 
 
 def test_orphan_requeue_names_the_operator_in_the_event(operator_client: Client) -> None:
-    import inspect
-
-    import pytest
-
-    from jobs.transitions import requeue_job
-
-    if "by" not in inspect.signature(requeue_job).parameters:
-        pytest.xfail("jobs.transitions.requeue_job does not take `by` yet (asked for)")
     orphan, _ = running(worker_id=worker(stale=True).pk)
     operator_client.post(f"/dashboard/jobs/{orphan.pk}/requeue/")
     event = JobEvent.objects.get(job=orphan, event="job.requeued")

@@ -136,11 +136,6 @@ def test_without_origin_a_session_cookie_is_not_enough(api, server, token):
     assert not _handshake("/ws/dashboard/", stripped, greeting=False)[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="controlplane/asgi.py must wrap the websocket stack in "
-    "jobs.remote.origin.TokenOrOriginValidator (not AllowedHostsOriginValidator)",
-)
 def test_the_server_accepts_a_token_client_without_origin(api, server, token):
     worker = register(api)
     url = server.url.replace("http://", "ws://") + f"/ws/workers/{worker['id']}"
