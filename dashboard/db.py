@@ -9,18 +9,20 @@ cap instead of counting a million rows), and the planner's row estimate from
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from jobs.conf import knob
+from jobs.selectors.timeouts import bounded_reads, is_timeout
+
+__all__ = ["Count", "bounded", "bounded_reads", "capped_count", "is_timeout", "table_estimate"]
 
 
 @dataclass(frozen=True)
@@ -71,38 +73,6 @@ def table_estimate(table: str, using: str = "default") -> Count | None:
     if not row or row[0] is None or row[0] < 0:
         return None  # never analysed
     return Count(int(row[0]), estimated=True)
-
-
-@contextmanager
-def bounded_reads(using: str = "default") -> Iterator[None]:
-    """Run the enclosed reads under the dashboard's statement timeout.
-
-    On PostgreSQL this opens a transaction so ``SET LOCAL`` ends with it. On
-    SQLite nothing is opened: a transaction there would take the write lock
-    (IMMEDIATE mode) and make workers wait for a page view.
-    """
-    if not is_postgres(using):
-        yield
-        return
-    ms = int(knob("DASHBOARD_STATEMENT_TIMEOUT_MS"))
-    conn = connections[using]
-    nested = conn.in_atomic_block
-    with transaction.atomic(using=using):
-        with conn.cursor() as cursor:
-            if nested:  # SET LOCAL would outlive our savepoint: remember the old value
-                cursor.execute("SHOW statement_timeout")
-                previous = cursor.fetchone()[0]
-            cursor.execute(f"SET LOCAL statement_timeout = {ms}")
-        yield
-        if nested:
-            with conn.cursor() as cursor:
-                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
-
-
-def is_timeout(error: BaseException) -> bool:
-    """True for PostgreSQL's "canceling statement due to statement timeout"."""
-    cause = error.__cause__ or error
-    return getattr(cause, "sqlstate", None) == "57014" or "statement timeout" in str(error)
 
 
 def timeout_response(request: HttpRequest) -> HttpResponse:

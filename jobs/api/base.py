@@ -20,7 +20,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dashboard.db import bounded_reads, is_timeout
 from jobs import selectors
 from jobs.api import remote_views
 from jobs.api.errors import error_response
@@ -28,6 +27,7 @@ from jobs.api.parsers import LimitedJSONParser
 from jobs.api.permissions import MethodPermission
 from jobs.api.serializers import ErrorSerializer
 from jobs.models import Job
+from jobs.selectors.timeouts import bounded_reads, is_timeout
 
 
 def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
