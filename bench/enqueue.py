@@ -123,7 +123,7 @@ def psycopg_floor(n: int, batch: int) -> tuple[float, float]:
     now = timezone.now()
     docs = []
     for start in range(0, n, batch):
-        memo = module._Batch(1 << 20, now)
+        memo = module._Batch(1 << 20, now, min(batch, n - start))
         rows = [
             module._prepare(JobSpec("sleep", {"seconds": 0}), memo)[0]
             for _ in range(min(batch, n - start))

@@ -24,7 +24,7 @@ from dashboard.conf import setting
 from dashboard.db import Count, cap, capped_count, table_estimate
 from dashboard.filters import JobFilters
 from jobs.conf import knob
-from jobs.models import Job, JobEvent, Queue, Worker
+from jobs.models import RECLAIM_EVENTS, Job, JobEvent, Queue, Worker
 from jobs.selectors import JobCursor, after_cursor, estimated_count
 from jobs.states import FAILED, QUEUED, RUNNING, SUCCEEDED, Status
 
@@ -48,7 +48,6 @@ LIST_FIELDS = (
     "worker_id",
     "leased_until",
 )
-RECLAIM_EVENTS = ("job.lease_expired_requeue", "job.lease_expired", "job.timeout")
 
 
 # --- job list --------------------------------------------------------------

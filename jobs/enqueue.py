@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import uuid4
 
 from django.db import connections, transaction
 from django.db.models.base import ModelState
@@ -82,7 +82,7 @@ class _Batch:
     def __init__(self, limit: int, now: datetime, size: int = 1) -> None:
         self.limit = limit
         self.now = now
-        self.ids = iter(_uuid4s(size)) if size > 1 else None
+        self.ids = iter(new_job_ids(size))
         self.ops: dict[str, Any] = {}
         self.checked: dict[tuple[str, str], dict[str, list[str]]] = {}
         self.texts: dict[str, str | None] = {}
@@ -102,21 +102,27 @@ class _Batch:
 
 _new_uuid = uuid.UUID.__new__
 _set = object.__setattr__
-_VERSION_4 = (4 << 76) | (0x8000 << 48)
-_VERSION_MASK = ~((0xF000 << 64) | (0xC000 << 48))
+_VARIANT = 0x8000 << 48  # RFC 9562 variant bits (10) at the top of octet 8
 
 
-def _uuid4s(n: int) -> list[uuid.UUID]:
-    """``n`` random version-4 UUIDs, as ``uuid.uuid4()`` makes them, for a third of the cost.
+def new_job_ids(n: int) -> list[uuid.UUID]:
+    """``n`` distinct, time-ordered job ids (UUIDv7, RFC 9562), ascending.
 
-    One ``os.urandom`` call for the batch and no ``UUID.__init__`` argument
-    parsing; bulk enqueue makes one per job.
+    Random version-4 ids scatter every insert across the primary key and the
+    ``(job, seq)`` event index, so a big table's writes touch a random page
+    each; v7 ids start with the millisecond, so a batch lands on the right
+    edge of both. A batch shares its millisecond and counts up from a random
+    74-bit start (RFC 9562's "monotonic random"), which keeps it ordered.
+    One ``os.urandom`` call and no ``UUID.__init__`` parsing per id.
     """
-    data = os.urandom(16 * n)
+    ms = time.time_ns() // 1_000_000
+    start = int.from_bytes(os.urandom(10)) >> 7  # 73 random bits: start + n fits in 74
+    head = (ms & 0xFFFF_FFFF_FFFF) << 80 | 7 << 76
     out = []
-    for start in range(0, 16 * n, 16):
+    for counter in range(start, start + n):
         value = _new_uuid(uuid.UUID)
-        _set(value, "int", int.from_bytes(data[start : start + 16]) & _VERSION_MASK | _VERSION_4)
+        # 12 bits of the counter go after the version, 62 after the variant.
+        _set(value, "int", head | (counter >> 62) << 64 | _VARIANT | counter & ((1 << 62) - 1))
         _set(value, "is_safe", uuid.SafeUUID.unknown)
         out.append(value)
     return out
@@ -247,7 +253,7 @@ def _prepare(spec: JobSpec, batch: _Batch) -> tuple[_Row | None, dict[str, list[
     if errors:
         return None, errors
     return _Row(
-        next(batch.ids) if batch.ids else uuid4(),
+        next(batch.ids),
         spec.operation,
         queue or op.queue,
         payload,

@@ -18,6 +18,8 @@ from django.utils import timezone
 from jobs.states import ACTIVE, TERMINAL, Status
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
+# The reaper's rescue events (jobs.rescues writes them).
+RECLAIM_EVENTS = ("job.lease_expired_requeue", "job.lease_expired", "job.timeout")
 
 
 class QueueKind(models.TextChoices):
@@ -220,7 +222,15 @@ class JobEvent(models.Model):
             models.UniqueConstraint(fields=["job", "seq"], name="jobevent_job_seq_unique"),
             models.CheckConstraint(condition=Q(seq__gte=1), name="jobevent_seq_positive"),
         ]
-        indexes = [models.Index(fields=["ts"], name="jobevent_ts_idx")]
+        indexes = [
+            # Only the reaper's rescues are searched by time (the queues page's
+            # "reclaimed recently"); a full ts index would cost every event insert.
+            models.Index(
+                fields=["ts"],
+                name="jobevent_reclaim_ts_idx",
+                condition=Q(event__in=RECLAIM_EVENTS),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.job_id}#{self.seq} {self.event}"

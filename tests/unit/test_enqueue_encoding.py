@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
 
-from jobs.enqueue import _encode_payload, _uuid4s
+from jobs.enqueue import _encode_payload, new_job_ids
 
 LIMIT = 1 << 20
 
 
-def test_uuid4s_are_valid_distinct_version_4_uuids():
-    ids = _uuid4s(2000)
+def test_job_ids_are_distinct_ascending_version_7_uuids():
+    before = time.time_ns() // 1_000_000
+    ids = new_job_ids(2000)
+    after = time.time_ns() // 1_000_000
     assert len(set(ids)) == 2000
+    assert ids == sorted(ids) and [str(i) for i in ids] == sorted(str(i) for i in ids)
     for value in ids[:200]:
-        assert value.version == 4 and value.variant == uuid.RFC_4122
+        assert value.version == 7 and value.variant == uuid.RFC_4122
+        assert before <= value.int >> 80 <= after  # the millisecond they were made
         again = uuid.UUID(str(value))
         assert again == value and hash(again) == hash(value) and again.int == value.int
 
