@@ -338,8 +338,7 @@ def _by_primary_key(node: dict) -> bool:
 def _claimable_or_primary_key(nodes: list[dict]) -> bool:
     """jobs_job is read through an Index Scan on job_claimable_idx and primary-key probes only."""
     scans = [
-        n for n in nodes
-        if n.get("Relation Name") == "jobs_job" and n["Node Type"] != "ModifyTable"
+        n for n in nodes if n.get("Relation Name") == "jobs_job" and n["Node Type"] != "ModifyTable"
     ]
     pick = [n for n in scans if n.get("Index Name") == "job_claimable_idx"]
     return (
@@ -416,7 +415,10 @@ def cycle_plan_check(count: int, title: str) -> bool:
         jobs = claim_jobs(queues=[QUEUE], worker_id=worker, limit=count, lease_seconds=30)
         complete_and_claim(
             [Completion(j.id, j.lease_token, {"pong": True}, None, 0) for j in jobs],
-            queues=[QUEUE], worker_id=worker, limit=count, lease_seconds=30,
+            queues=[QUEUE],
+            worker_id=worker,
+            limit=count,
+            lease_seconds=30,
             local_operations=["ping"],
         )
 

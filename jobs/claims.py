@@ -92,7 +92,12 @@ def _pick(
 
 
 def _claim_update(
-    d: Any, *, pick: str, pick_params: list[Any], worker_id: uuid.UUID, now: Any,
+    d: Any,
+    *,
+    pick: str,
+    pick_params: list[Any],
+    worker_id: uuid.UUID,
+    now: Any,
     lease_seconds: float,
 ) -> tuple[str, list[Any]]:
     """UPDATE … RETURNING that starts the picked jobs (PostgreSQL probes them by primary key)."""
@@ -155,11 +160,19 @@ def claim_jobs(
     d = dialect(using)
     now = timezone.now()
     pick, pick_params = _pick(
-        d, queues=queues, now=now, limit=limit, operations=operations,
+        d,
+        queues=queues,
+        now=now,
+        limit=limit,
+        operations=operations,
         local_operations=local_operations,
     )
     update, params = _claim_update(
-        d, pick=pick, pick_params=pick_params, worker_id=worker_id, now=now,
+        d,
+        pick=pick,
+        pick_params=pick_params,
+        worker_id=worker_id,
+        now=now,
         lease_seconds=lease_seconds,
     )
     worker_text = str(worker_id)
@@ -204,6 +217,7 @@ def claim_jobs(
 
 
 # --- leases ---------------------------------------------------------------
+
 
 def extend_leases(
     *,
@@ -305,7 +319,11 @@ def _completion_update(
         for c in completions:
             current, total = c.progress or (None, None)
             params += [
-                d.uuid(c.job_id), d.uuid(c.lease_token), d.json(c.result), current, total,
+                d.uuid(c.job_id),
+                d.uuid(c.lease_token),
+                d.json(c.result),
+                current,
+                total,
                 c.duration_ms,
             ]
     sql = (
@@ -350,15 +368,13 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
         cursor.executemany(
             f"INSERT INTO {_EVENT_COLUMNS} "
             f"VALUES (%s, %s, %s, 'job.succeeded', 'info', '', {d.json_param})",
-            [
-                (r[0], r[1], d.ts(now), d.json({"duration_ms": durations.get(r[0])}))
-                for r in rows
-            ],
+            [(r[0], r[1], d.ts(now), d.json({"duration_ms": durations.get(r[0])})) for r in rows],
         )
     return [d.read_uuid(r[0]) for r in rows]
 
 
 # --- both at once -------------------------------------------------------------
+
 
 def complete_and_claim(
     completions: Sequence[Completion],
@@ -385,19 +401,31 @@ def complete_and_claim(
         raise NotImplementedError("complete_and_claim needs PostgreSQL; call the two steps.")
     if not completions:
         return [], claim_jobs(
-            queues=queues, worker_id=worker_id, limit=limit, lease_seconds=lease_seconds,
-            local_operations=local_operations, using=using,
+            queues=queues,
+            worker_id=worker_id,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            local_operations=local_operations,
+            using=using,
         )
     if limit <= 0 or not queues:
         return complete_jobs(completions, using=using), []
     now = timezone.now()
     done, done_params = _completion_update(d, completions, now)
     pick, pick_params = _pick(
-        d, queues=queues, now=now, limit=limit, operations=None,
+        d,
+        queues=queues,
+        now=now,
+        limit=limit,
+        operations=None,
         local_operations=local_operations,
     )
     claim, claim_params = _claim_update(
-        d, pick=pick, pick_params=pick_params, worker_id=worker_id, now=now,
+        d,
+        pick=pick,
+        pick_params=pick_params,
+        worker_id=worker_id,
+        now=now,
         lease_seconds=lease_seconds,
     )
     sql = (
@@ -408,9 +436,7 @@ def complete_and_claim(
         "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done"
     )
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            sql, [*done_params, *claim_params, d.ts(now), d.ts(now), str(worker_id)]
-        )
+        cursor.execute(sql, [*done_params, *claim_params, d.ts(now), d.ts(now), str(worker_id)])
         rows = cursor.fetchall()
     moved = [r[0] for r in rows if r[1] is None]
     return moved, [_claimed(d, r) for r in rows if r[1] is not None]

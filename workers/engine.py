@@ -85,8 +85,7 @@ class JobThreads:
         self._run = run
         self._queue: SimpleQueue = SimpleQueue()
         self._threads = [
-            threading.Thread(target=self._serve, name=f"job_{n}", daemon=True)
-            for n in range(size)
+            threading.Thread(target=self._serve, name=f"job_{n}", daemon=True) for n in range(size)
         ]
 
     def start(self) -> None:
@@ -173,7 +172,10 @@ class JobWorker:
             self._listener.start()
         log.info(
             "worker.started id=%s queues=%s concurrency=%d pid=%d",
-            self.id, ",".join(self.config.queues), self.config.concurrency, os.getpid(),
+            self.id,
+            ",".join(self.config.queues),
+            self.config.concurrency,
+            os.getpid(),
         )
         code = EXIT_GRACEFUL
         try:
@@ -232,7 +234,8 @@ class JobWorker:
             try:
                 with_db_retry(
                     lambda job=job: transitions.requeue_job(
-                        job.id, lease_token=job.lease_token,
+                        job.id,
+                        lease_token=job.lease_token,
                         reason="worker shutdown: the grace period ran out",
                     ),
                     what="requeue_on_shutdown",
@@ -245,7 +248,9 @@ class JobWorker:
                 try:
                     with independent_connection() as alias:
                         transitions.fail_job(
-                            job.id, lease_token=job.lease_token, error_code="WorkerShutdown",
+                            job.id,
+                            lease_token=job.lease_token,
+                            error_code="WorkerShutdown",
                             error_message="The worker shut down and could not requeue the job.",
                             using=alias,
                         )
@@ -361,7 +366,10 @@ class JobWorker:
         try:
             moved, jobs = with_db_retry(
                 lambda: complete_and_claim(
-                    batch, queues=queues, worker_id=self.id, limit=limit,
+                    batch,
+                    queues=queues,
+                    worker_id=self.id,
+                    limit=limit,
                     lease_seconds=self.config.lease_seconds,
                     local_operations=self._local_operations,
                 ),
@@ -394,7 +402,8 @@ class JobWorker:
         for queue in open_queues:
             if settings[queue][2] == QueueKind.BATCH and free - claimed > 0:
                 messages = claim_messages(
-                    queue=queue, limit=free - claimed,
+                    queue=queue,
+                    limit=free - claimed,
                     visibility_seconds=self.config.batch_visibility_seconds,
                 )
                 for message in messages:
@@ -404,8 +413,11 @@ class JobWorker:
 
     def _start_jobs(self, queues: list[str], limit: int, cap: int | None) -> int:
         jobs = claim_jobs(
-            queues=queues, worker_id=self.id, limit=limit,
-            lease_seconds=self.config.lease_seconds, cap=cap,
+            queues=queues,
+            worker_id=self.id,
+            limit=limit,
+            lease_seconds=self.config.lease_seconds,
+            cap=cap,
             local_operations=self._local_operations,
         )
         self._submit_jobs(jobs)
@@ -417,7 +429,10 @@ class JobWorker:
             if debug:
                 log.debug(
                     "job.claimed job_id=%s operation=%s queue=%s attempt=%d",
-                    job.id, job.operation, job.queue, job.attempt,
+                    job.id,
+                    job.operation,
+                    job.queue,
+                    job.attempt,
                 )
             self._submit(job.id, InFlight(job))
 
@@ -479,4 +494,3 @@ class JobWorker:
         except Exception as error:  # noqa: BLE001 - during shutdown, keep draining
             log.warning("worker.flush_failed error=%s", error)
             reset_connection()
-

@@ -114,8 +114,13 @@ class JobRunner:
         level = logging.DEBUG if outcome.status == "succeeded" else logging.INFO
         if log.isEnabledFor(level):
             log.log(
-                level, "job.%s job_id=%s operation=%s queue=%s attempt=%d duration_ms=%d",
-                outcome.status, job.id, job.operation, job.queue, job.attempt,
+                level,
+                "job.%s job_id=%s operation=%s queue=%s attempt=%d duration_ms=%d",
+                outcome.status,
+                job.id,
+                job.operation,
+                job.queue,
+                job.attempt,
                 (time.monotonic() - flight.started) * 1000,
             )
         if self.post_handle is not None:
@@ -132,7 +137,11 @@ class JobRunner:
         try:
             op = self.registry.get(job.operation)
         except UnknownOperation:
-            return self._fail(job, "UnknownOperation", f"No operation named {job.operation!r} is registered on this worker.")
+            return self._fail(
+                job,
+                "UnknownOperation",
+                f"No operation named {job.operation!r} is registered on this worker.",
+            )
         if job.parent_id and Job.objects.filter(pk=job.parent_id, status=CANCELLED).exists():
             transitions.cancel_jobs([job.id], reason="parent cancelled before the child ran")
             return Outcome("cancelled")
@@ -171,7 +180,9 @@ class JobRunner:
         except Exception:  # noqa: BLE001
             log.exception("hook.after_failed job_id=%s", ctx.job_id)
 
-    def _handle_value(self, op: Operation, flight: InFlight, value: Any, *, atomic: bool) -> Outcome:
+    def _handle_value(
+        self, op: Operation, flight: InFlight, value: Any, *, atomic: bool
+    ) -> Outcome:
         job = flight.job
         result = value
         progress = None
@@ -180,7 +191,9 @@ class JobRunner:
             result, deferred = value.result, value.deferred
             if value.progress_current is not None or value.progress_total is not None:
                 progress = (value.progress_current, value.progress_total)
-        if isinstance(result, dict) and ("_progress_current" in result or "_progress_total" in result):
+        if isinstance(result, dict) and (
+            "_progress_current" in result or "_progress_total" in result
+        ):
             progress = (result.get("_progress_current"), result.get("_progress_total"))
         try:
             result = _json_safe(result)
@@ -190,15 +203,23 @@ class JobRunner:
             return Outcome("cancelled")
         try:
             if deferred:
-                transitions.defer_job(job.id, lease_token=job.lease_token, result=result, progress=progress)
+                transitions.defer_job(
+                    job.id, lease_token=job.lease_token, result=result, progress=progress
+                )
                 return Outcome("deferred")
             completion = Completion(
-                job.id, job.lease_token, result, progress,
+                job.id,
+                job.lease_token,
+                result,
+                progress,
                 int((time.monotonic() - flight.started) * 1000),
             )
             if atomic:
                 transitions.complete_job(
-                    job.id, lease_token=job.lease_token, result=result, progress=progress,
+                    job.id,
+                    lease_token=job.lease_token,
+                    result=result,
+                    progress=progress,
                     event_fields={"duration_ms": completion.duration_ms},
                 )
                 return Outcome("succeeded")
@@ -220,7 +241,9 @@ class JobRunner:
             try:
                 with_db_retry(
                     lambda: transitions.retry_job_later(
-                        job.id, lease_token=job.lease_token, reason=error.reason,
+                        job.id,
+                        lease_token=job.lease_token,
+                        reason=error.reason,
                         delay_seconds=error.delay_seconds,
                     ),
                     what="retry_later",
@@ -229,21 +252,37 @@ class JobRunner:
             except LeaseLost:
                 return Outcome("lease_lost", error=error)
         retryable = op.is_retryable(error) and job.attempt < job.max_attempts
-        delay = backoff_seconds(job.attempt, self.retry_backoff_seconds, self.retry_backoff_max_seconds)
+        delay = backoff_seconds(
+            job.attempt, self.retry_backoff_seconds, self.retry_backoff_max_seconds
+        )
         return self._fail(
-            job, type(error).__name__, str(error) or type(error).__name__,
-            retryable=retryable, backoff=delay, error=error,
+            job,
+            type(error).__name__,
+            str(error) or type(error).__name__,
+            retryable=retryable,
+            backoff=delay,
+            error=error,
         )
 
     def _fail(
-        self, job: ClaimedJob, code: str, message: str, *, retryable: bool = False,
-        backoff: float | None = None, error: BaseException | None = None,
+        self,
+        job: ClaimedJob,
+        code: str,
+        message: str,
+        *,
+        retryable: bool = False,
+        backoff: float | None = None,
+        error: BaseException | None = None,
     ) -> Outcome:
         try:
             status = with_db_retry(
                 lambda: transitions.fail_job(
-                    job.id, lease_token=job.lease_token, error_code=code, error_message=message,
-                    retryable=retryable, backoff_seconds=backoff,
+                    job.id,
+                    lease_token=job.lease_token,
+                    error_code=code,
+                    error_message=message,
+                    retryable=retryable,
+                    backoff_seconds=backoff,
                 ),
                 what="fail",
             )
@@ -258,7 +297,11 @@ class JobRunner:
         try:
             with independent_connection() as alias:
                 transitions.fail_job(
-                    job.id, lease_token=job.lease_token, error_code=code, error_message=message, using=alias,
+                    job.id,
+                    lease_token=job.lease_token,
+                    error_code=code,
+                    error_message=message,
+                    using=alias,
                 )
             return Outcome("failed")
         except LeaseLost:

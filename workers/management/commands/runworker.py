@@ -24,7 +24,9 @@ class Command(BaseCommand):
         parser.add_argument("--heartbeat-seconds", type=float)
         parser.add_argument("--poll-seconds", type=float)
         parser.add_argument("--shutdown-grace-seconds", type=float)
-        parser.add_argument("--poll-only", action="store_true", help="no LISTEN (transaction poolers)")
+        parser.add_argument(
+            "--poll-only", action="store_true", help="no LISTEN (transaction poolers)"
+        )
 
     def handle(self, *args, **o) -> None:
         if not os.environ.get("CONTROLPLANE_LOG_LEVEL"):
@@ -38,13 +40,23 @@ class Command(BaseCommand):
                 child_args.append("--burst")
             if o["poll_only"]:
                 child_args.append("--poll-only")
-            for flag in ("lease_seconds", "heartbeat_seconds", "poll_seconds", "shutdown_grace_seconds"):
+            for flag in (
+                "lease_seconds",
+                "heartbeat_seconds",
+                "poll_seconds",
+                "shutdown_grace_seconds",
+            ):
                 if o[flag] is not None:
                     child_args += [f"--{flag.replace('_', '-')}", str(o[flag])]
             sys.exit(Supervisor(child_args, o["processes"], burst=o["burst"]).run())
         overrides = {
             k: o[k]
-            for k in ("lease_seconds", "heartbeat_seconds", "poll_seconds", "shutdown_grace_seconds")
+            for k in (
+                "lease_seconds",
+                "heartbeat_seconds",
+                "poll_seconds",
+                "shutdown_grace_seconds",
+            )
             if o[k] is not None
         }
         if o["poll_only"]:
@@ -67,4 +79,3 @@ class Command(BaseCommand):
         if code != 0:
             os._exit(code)  # do not wait for operation threads that ran past the grace
         sys.exit(0)
-
