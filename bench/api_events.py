@@ -170,8 +170,9 @@ def timed_runs(label: str, client, headers, make_request, runs: int, requests: i
             assert response.status_code == 200, response.content[:300]
         p50s.append(percentile(timings, 0.50))
         p95s.append(percentile(timings, 0.95))
-        print(f"  {label:<34} run {run + 1}: p50 {p50s[-1]:.2f} ms  p95 {p95s[-1]:.2f} ms",
-              flush=True)
+        print(
+            f"  {label:<34} run {run + 1}: p50 {p50s[-1]:.2f} ms  p95 {p95s[-1]:.2f} ms", flush=True
+        )
     print(
         f"{label:<36} median of {runs} runs: p50 {statistics.median(p50s):.2f} ms  "
         f"p95 {statistics.median(p95s):.2f} ms  ({requests} requests per run)",
@@ -237,11 +238,12 @@ def measure(jobs: int, events: int, runs: int, requests: int) -> None:
         "events after=last (nothing new)": events_after(lambda: events),
         "jobs first page (counted)": lambda: ("/jobs", {"limit": 50}),
         "jobs filtered queue+status": lambda: (
-            "/jobs", {"limit": 50, "queue": f"q{rng.randint(0, 7)}", "status": "succeeded"}
+            "/jobs",
+            {"limit": 50, "queue": f"q{rng.randint(0, 7)}", "status": "succeeded"},
         ),
         "jobs created_before=random": lambda: (
-            "/jobs", {"limit": 50, "count": "false",
-                      "created_before": f"{_random_time(rng, jobs)}"},
+            "/jobs",
+            {"limit": 50, "count": "false", "created_before": f"{_random_time(rng, jobs)}"},
         ),
         "jobs next page (cursor)": lambda: ("/jobs", {"limit": 50, "cursor": deep_cursor}),
     }

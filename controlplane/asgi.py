@@ -17,8 +17,6 @@ from jobs.remote.origin import TokenOrOriginValidator  # noqa: E402
 application = ProtocolTypeRouter(
     {
         "http": ASGIStaticFilesHandler(django_asgi_app),
-        "websocket": TokenOrOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        "websocket": TokenOrOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

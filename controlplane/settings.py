@@ -161,7 +161,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "jobs": {"handlers": ["console"], "level": os.environ.get("CONTROLPLANE_LOG_LEVEL", "INFO")},
+        "jobs": {
+            "handlers": ["console"],
+            "level": os.environ.get("CONTROLPLANE_LOG_LEVEL", "INFO"),
+        },
         "workers": {
             "handlers": ["console"],
             "level": os.environ.get("CONTROLPLANE_LOG_LEVEL", "INFO"),

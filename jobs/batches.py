@@ -213,7 +213,10 @@ def _fail_poisoned(message: ClaimedMessage, last_error: str) -> None:
     )
     log.error(
         "batch.poisoned message=%s parent=%s batch=%d deliveries=%d",
-        message.id, message.parent_id, message.batch_index, spent,
+        message.id,
+        message.parent_id,
+        message.batch_index,
+        spent,
     )
 
 

@@ -27,6 +27,7 @@ from jobs.dialect import dialect
 from jobs.exceptions import EnqueueError
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job
 from jobs.operations import operation_spec
+from jobs.storable import first_unstorable, text_problem
 
 NOTIFY_CHANNEL = "controlplane_jobs"
 CHUNK = 1000
@@ -96,7 +97,7 @@ class _Batch:
     def text_error(self, value: str) -> str | None:
         """Why a queue name or key cannot be stored (NUL, surrogate), memoised."""
         if value not in self.texts:
-            self.texts[value] = _text_error(value)
+            self.texts[value] = text_problem(value)
         return self.texts[value]
 
 
@@ -128,44 +129,6 @@ def new_job_ids(n: int) -> list[uuid.UUID]:
     return out
 
 
-def _text_error(value: str) -> str | None:
-    if "\x00" in value:
-        return "contains a NUL character (\\u0000), which cannot be stored"
-    try:
-        value.encode()
-    except UnicodeEncodeError as error:
-        bad = value[error.start]
-        return f"contains a lone surrogate (\\u{ord(bad):04x}), which is not valid Unicode"
-    return None
-
-
-def _unstorable(value: Any, path: str = "payload") -> tuple[str, str] | None:
-    """The first value under ``value`` that no database can store: (path, reason).
-
-    Walked only when the fast checks on the serialised payload found
-    something, to name the field in the error.
-    """
-    if isinstance(value, float) and (value != value or value in (_INF, -_INF)):
-        return path, f"is {value!r}; only finite numbers can be stored"
-    if isinstance(value, str):
-        reason = _text_error(value)
-        return (path, reason) if reason else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str) and (reason := _text_error(key)):
-                return f"{path}.{key!r}", f"key {reason}"
-            found = _unstorable(item, f"{path}.{key}")
-            if found:
-                return found
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            found = _unstorable(item, f"{path}.{index}")
-            if found:
-                return found
-    return None
-
-
-_INF = float("inf")
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
 
 
@@ -181,7 +144,7 @@ def _encode_payload(payload: dict[str, Any], limit: int) -> tuple[str, dict[str,
     except ValueError as error:  # a non-finite float (allow_nan=False), or a cycle
         if "ircular" in str(error):
             return "", {"payload": ["The payload is not JSON: it refers to itself."]}
-        found = _unstorable(payload) or ("payload", f"is not JSON ({error})")
+        found = first_unstorable(payload) or ("payload", f"is not JSON ({error})")
         return "", {found[0]: [f"The value {found[1]}."]}
     except TypeError as error:
         return "", {"payload": [f"The payload is not JSON: {error}"]}
@@ -189,8 +152,8 @@ def _encode_payload(payload: dict[str, Any], limit: int) -> tuple[str, dict[str,
         size = len(text.encode())
     except UnicodeEncodeError:
         size = -1
-    if size < 0 or ("\\u0000" in text and _unstorable(payload)):
-        path, reason = _unstorable(payload) or ("payload", "is not valid Unicode")
+    if size < 0 or ("\\u0000" in text and first_unstorable(payload)):
+        path, reason = first_unstorable(payload) or ("payload", "is not valid Unicode")
         return "", {path: [f"The value {reason}."]}
     if size > limit:
         return "", {"payload": [f"The payload is {size} bytes; the limit is {limit} bytes."]}
@@ -240,7 +203,7 @@ def _prepare(spec: JobSpec, batch: _Batch) -> tuple[_Row | None, dict[str, list[
     if key is not None:
         if not isinstance(key, str) or not 0 < len(key) <= 255:
             errors["idempotency_key"] = ["The idempotency key must be 1 to 255 characters."]
-        elif reason := _text_error(key):
+        elif reason := text_problem(key):
             errors["idempotency_key"] = [f"The idempotency key {reason}."]
     parent_id = None
     if spec.parent:

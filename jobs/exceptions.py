@@ -36,6 +36,10 @@ class LeaseLost(ControlPlaneError):
         )
 
 
+class UnstorableValue(ControlPlaneError, ValueError):
+    """A result or an event's fields hold something no database can store (see jobs.storable)."""
+
+
 class JobCancelled(ControlPlaneError):
     """Raised inside an operation once its job has been cancelled; let it propagate."""
 

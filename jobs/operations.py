@@ -102,7 +102,9 @@ class JobContext:
         """Sleep up to ``timeout`` seconds, waking early on cancellation. True if cancelled."""
         return self._cancel_event.wait(timeout)
 
-    def emit(self, event: str, message: str | None = None, level: str = "info", **fields: Any) -> int:
+    def emit(
+        self, event: str, message: str | None = None, level: str = "info", **fields: Any
+    ) -> int:
         self.raise_if_cancelled()
         try:
             return self._emitter(event=event, message=message, level=level, fields=fields)
@@ -157,8 +159,15 @@ class Operation:
 
 # Keywords that only Draft 2020-12 knows; schemas using them skip the fast path.
 _MODERN_KEYWORDS = (
-    "prefixItems", "dependentRequired", "dependentSchemas", "unevaluatedProperties",
-    "unevaluatedItems", "$dynamicRef", "$dynamicAnchor", "minContains", "maxContains",
+    "prefixItems",
+    "dependentRequired",
+    "dependentSchemas",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "$dynamicRef",
+    "$dynamicAnchor",
+    "minContains",
+    "maxContains",
 )
 
 

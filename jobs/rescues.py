@@ -27,6 +27,7 @@ from jobs.transitions import (
 
 # --- rescues by the reaper ------------------------------------------------
 
+
 def requeue_expired_leases(
     *, max_requeues: int, worker_ids: Sequence[uuid.UUID] = (), limit: int = 500
 ) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
@@ -111,9 +112,7 @@ def fail_timed_out(
         d.ts(now - timedelta(seconds=timeout_seconds)),
         d.ts(now - timedelta(seconds=stall_seconds)),
     ]
-    message = (
-        f"Ran longer than {timeout_seconds:g} s with no event for {stall_seconds:g} s."
-    )
+    message = f"Ran longer than {timeout_seconds:g} s with no event for {stall_seconds:g} s."
     moved = _move(
         target=FAILED,
         where=(

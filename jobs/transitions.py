@@ -185,6 +185,7 @@ def _move_one(job_id: uuid.UUID, *, target: Status, lease_token=None, **kwargs) 
 
 # --- outcomes of a run ----------------------------------------------------
 
+
 def _progress_assign(progress: tuple[int | None, int | None] | None) -> dict[str, Any]:
     if not progress:
         return {}
@@ -406,7 +407,9 @@ def requeue_job(
         sources=(RUNNING,),  # never resurrect a cancelled or failed job
         lease_token=lease_token,
         event=Event(
-            "job.requeued", level="warning", message=reason,
+            "job.requeued",
+            level="warning",
+            message=reason,
             fields={"reason": reason, **_operator_fields(by, None)},
         ),
         assign={
@@ -421,6 +424,7 @@ def requeue_job(
 
 
 # --- operator actions -----------------------------------------------------
+
 
 def _operator_fields(by: str | None, reason: str | None) -> dict[str, Any]:
     return {k: v for k, v in {"by": by, "reason": reason}.items() if v}
@@ -463,18 +467,22 @@ def cancel_jobs(
             roots = [d.uuid(i) for i in job_ids]
             cursor.execute(DESCENDANTS_SQL.format(roots=d.in_list(len(roots))), roots)
             descendants = [d.read_uuid(r[0]) for r in cursor.fetchall()]
-        moved += _move(
-            target=CANCELLED,
-            job_ids=descendants,
-            event=Event(
-                "job.cancelled",
-                level="warning",
-                message="parent cancelled",
-                fields={**fields, "cascade": True},
-            ),
-            assign={"finished_at": now, "leased_until": None},
-            using=using,
-        ) if descendants else []
+        moved += (
+            _move(
+                target=CANCELLED,
+                job_ids=descendants,
+                event=Event(
+                    "job.cancelled",
+                    level="warning",
+                    message="parent cancelled",
+                    fields={**fields, "cascade": True},
+                ),
+                assign={"finished_at": now, "leased_until": None},
+                using=using,
+            )
+            if descendants
+            else []
+        )
         affected = [d.uuid(i) for i in [*job_ids, *descendants]]
         with connections[using].cursor() as cursor:
             cursor.execute(
@@ -582,6 +590,7 @@ def has_cancelled_ancestor(job_id: uuid.UUID, *, using: str = "default") -> bool
 
 # --- events during a run ----------------------------------------------------
 
+
 def emit_event(
     job_id: uuid.UUID,
     *,
@@ -626,5 +635,3 @@ def emit_event(
             raise JobCancelled(job_id)
         raise error
     return rows[0][1]
-
-

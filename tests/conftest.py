@@ -29,8 +29,12 @@ FAST_KNOBS = {
 }
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05,
-             message: str = "condition") -> object:
+def wait_for(
+    predicate: Callable[[], object],
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    message: str = "condition",
+) -> object:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:

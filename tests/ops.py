@@ -28,3 +28,16 @@ class AtomicWrite(Operation):
 
 
 registry.register(AtomicWrite)
+
+
+@operation("test.returns")
+def returns(ctx, payload):
+    """Returns what the payload describes: a NUL, a NaN, or a plain value."""
+    kind = payload.get("kind")
+    if kind == "nul":
+        return {"text": "a\x00b"}
+    if kind == "nan":
+        return {"ratio": float("nan")}
+    if kind == "emit_nul":
+        ctx.emit("test.bad", "a\x00b")
+    return {"ok": True}

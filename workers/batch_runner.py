@@ -49,8 +49,13 @@ def run_message(flight: MessageFlight) -> str:
             outcome = "lost"
     log.info(
         "batch.%s message=%s parent=%s queue=%s batch=%d attempt=%d duration_ms=%d",
-        outcome, message.id, message.parent_id, message.queue, message.batch_index,
-        message.attempts, (time.monotonic() - started) * 1000,
+        outcome,
+        message.id,
+        message.parent_id,
+        message.queue,
+        message.batch_index,
+        message.attempts,
+        (time.monotonic() - started) * 1000,
     )
     return outcome
 
@@ -72,4 +77,3 @@ def release_messages(message_ids: list[int]) -> None:
         BatchMessage.objects.filter(pk=message_id, attempts__gt=0).update(
             visible_after=timezone.now(), attempts=F("attempts") - 1
         )
-

@@ -23,7 +23,9 @@ class WorkerConfig:
     shutdown_grace_seconds: float = field(
         default_factory=lambda: float(knob("SHUTDOWN_GRACE_SECONDS"))
     )
-    retry_backoff_seconds: float = field(default_factory=lambda: float(knob("RETRY_BACKOFF_SECONDS")))
+    retry_backoff_seconds: float = field(
+        default_factory=lambda: float(knob("RETRY_BACKOFF_SECONDS"))
+    )
     retry_backoff_max_seconds: float = field(
         default_factory=lambda: float(knob("RETRY_BACKOFF_MAX_SECONDS"))
     )

@@ -28,11 +28,11 @@ from jobs.exceptions import (
     LeaseLost,
     RetryLaterError,
     UnknownOperation,
+    UnstorableValue,
 )
 from jobs.independent import independent_connection
-from jobs.models import Job
 from jobs.operations import JobContext, Operation, OperationRegistry, OperationResult
-from jobs.states import CANCELLED
+from jobs.storable import first_unstorable, text_problem
 from workers.resilience import is_transient, reset_connection, with_db_retry
 
 log = logging.getLogger("workers")
@@ -60,19 +60,34 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
     return step * random.uniform(0.5, 1.0)
 
 
-def _json_safe(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+def _json_safe(value: Any, what: str) -> Any:
+    """``value`` as the database will store it, or ``UnstorableValue`` saying why not.
+
+    Checked here, per job, because a completion is written in a batch with
+    others: one NUL in one result must fail that job, not the whole batch.
+    """
+    try:
+        data = json.loads(json.dumps(value, default=str, allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise UnstorableValue(f"The {what} is not JSON: {error}.") from None
+    found = first_unstorable(data, what)
+    if found is not None:
+        raise UnstorableValue(f"The {found[0]} {found[1]}.")
+    return data
 
 
 def _emitter(job: ClaimedJob) -> Callable[..., int]:
     """``emit`` for an operation: visible at once, even inside the operation's own transaction."""
 
     def emit(*, event: str, message: str | None, level: str, fields: dict[str, Any]) -> int:
+        for name, text in (("event name", event), ("message", message or "")):
+            if reason := text_problem(text):
+                raise UnstorableValue(f"The {name} {reason}.")
         kwargs = dict(
             event=event,
             message=message,
             level=level,
-            fields=_json_safe(fields),
+            fields=_json_safe(fields, "event's fields"),
             lease_token=job.lease_token,
         )
         if connection.in_atomic_block and connection.vendor == "postgresql":
@@ -142,7 +157,7 @@ class JobRunner:
                 "UnknownOperation",
                 f"No operation named {job.operation!r} is registered on this worker.",
             )
-        if job.parent_id and Job.objects.filter(pk=job.parent_id, status=CANCELLED).exists():
+        if job.parent_id and transitions.has_cancelled_ancestor(job.id):
             transitions.cancel_jobs([job.id], reason="parent cancelled before the child ran")
             return Outcome("cancelled")
         ctx = JobContext(job, emitter=_emitter(job), cancel_event=flight.cancel)
@@ -196,9 +211,9 @@ class JobRunner:
         ):
             progress = (result.get("_progress_current"), result.get("_progress_total"))
         try:
-            result = _json_safe(result)
-        except (TypeError, ValueError) as error:
-            return self._fail(job, "ResultNotSerializable", f"The result is not JSON: {error}")
+            result = _json_safe(result, "result")
+        except UnstorableValue as error:
+            return self._fail(job, "ResultNotSerializable", str(error))
         if flight.cancel.is_set():
             return Outcome("cancelled")
         try:

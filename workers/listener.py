@@ -33,7 +33,9 @@ def _conninfo(alias: str = "default") -> dict:
 class NotifyListener:
     """A daemon thread that sets ``wake`` when a NOTIFY names one of ``queues``."""
 
-    def __init__(self, queues: Iterable[str], wake: threading.Event, *, health_seconds: float = 5.0) -> None:
+    def __init__(
+        self, queues: Iterable[str], wake: threading.Event, *, health_seconds: float = 5.0
+    ) -> None:
         self.queues = set(queues)
         self.wake = wake
         self.health_seconds = health_seconds

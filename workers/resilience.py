@@ -19,7 +19,17 @@ from jobs.conf import knob
 log = logging.getLogger("workers")
 T = TypeVar("T")
 
-TRANSIENT_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001"}
+TRANSIENT_SQLSTATES = {
+    "40001",
+    "40P01",
+    "57P01",
+    "57P02",
+    "57P03",
+    "08000",
+    "08003",
+    "08006",
+    "08001",
+}
 
 
 def is_transient(error: BaseException) -> bool:
@@ -49,7 +59,7 @@ def reset_connection() -> None:
             conn.connection = None
 
 
-def with_db_retry(
+def with_db_retry[T](
     fn: Callable[[], T],
     *,
     what: str,
@@ -67,7 +77,9 @@ def with_db_retry(
             if not is_transient(error) or attempt == attempts - 1:
                 raise
             delay = backoff_delay(attempt)
-            log.warning("db.retry what=%s attempt=%d delay=%.2fs error=%s", what, attempt + 1, delay, error)
+            log.warning(
+                "db.retry what=%s attempt=%d delay=%.2fs error=%s", what, attempt + 1, delay, error
+            )
             reset_connection()
             sleeper(delay)
     raise AssertionError("unreachable")

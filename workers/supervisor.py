@@ -76,7 +76,11 @@ class Supervisor:
             if running == 0:
                 break
             time.sleep(0.1)
-        return EXIT_GRACE_RAN_OUT if any(c == EXIT_GRACE_RAN_OUT for c in codes.values()) else EXIT_GRACEFUL
+        return (
+            EXIT_GRACE_RAN_OUT
+            if any(c == EXIT_GRACE_RAN_OUT for c in codes.values())
+            else EXIT_GRACEFUL
+        )
 
     def _recover(self, child: Child, code: int) -> None:
         """A child died on its own: its jobs follow the expired-lease rules now."""
@@ -86,5 +90,7 @@ class Supervisor:
         Worker.objects.filter(pk=child.worker_id).delete()
         log.error(
             "worker.child_died exit=%s requeued=%d failed=%d; starting a replacement",
-            code, len(requeued), len(failed),
+            code,
+            len(requeued),
+            len(failed),
         )

@@ -18,7 +18,10 @@ BULK_BATCH_SIZE = 500
 
 
 def bulk_cancel(
-    filters: JobFilters, *, by: str | None = None, reason: str | None = None,
+    filters: JobFilters,
+    *,
+    by: str | None = None,
+    reason: str | None = None,
     batch_size: int | None = None,
 ) -> int:
     """Cancel the queued and running jobs matching ``filters`` (and their descendants).
@@ -33,7 +36,10 @@ def bulk_cancel(
 
 
 def bulk_retry(
-    filters: JobFilters, *, by: str | None = None, reason: str | None = None,
+    filters: JobFilters,
+    *,
+    by: str | None = None,
+    reason: str | None = None,
     batch_size: int | None = None,
 ) -> int:
     """Put the failed and cancelled jobs matching ``filters`` back on their queues.

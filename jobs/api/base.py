@@ -39,7 +39,7 @@ def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
         409: "The job is not in a state that allows this.",
         413: "The request body is too large.",
         503: "The read took longer than the statement timeout (PostgreSQL); "
-             "narrow the filters (see the index-backed ones) and try again.",
+        "narrow the filters (see the index-backed ones) and try again.",
     }
     return {code: OpenApiResponse(ErrorSerializer, description=described[code]) for code in codes}
 
@@ -83,19 +83,30 @@ JOB_ID = OpenApiParameter("job_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 WORKER_ID = OpenApiParameter("worker_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 QUEUE_NAME = OpenApiParameter("name", OpenApiTypes.STR, OpenApiParameter.PATH)
 FILTER_PARAMETERS = [
-    OpenApiParameter("status", OpenApiTypes.STR, many=True, explode=True,
-                     enum=list(selectors.STATES),
-                     description="One or more states (repeat the key or separate by commas)."),
+    OpenApiParameter(
+        "status",
+        OpenApiTypes.STR,
+        many=True,
+        explode=True,
+        enum=list(selectors.STATES),
+        description="One or more states (repeat the key or separate by commas).",
+    ),
     OpenApiParameter("queue", OpenApiTypes.STR, description="One or more queues."),
     OpenApiParameter("operation", OpenApiTypes.STR, description="One or more operations."),
-    OpenApiParameter("parent", OpenApiTypes.STR,
-                     description="A parent job id, or 'none' for top-level jobs only."),
-    OpenApiParameter("created_after", OpenApiTypes.DATETIME,
-                     description="Created at or after this time."),
-    OpenApiParameter("created_before", OpenApiTypes.DATETIME,
-                     description="Created before this time."),
-    OpenApiParameter("q", OpenApiTypes.STR,
-                     description="Free text over id (or id prefix), operation and error."),
+    OpenApiParameter(
+        "parent",
+        OpenApiTypes.STR,
+        description="A parent job id, or 'none' for top-level jobs only.",
+    ),
+    OpenApiParameter(
+        "created_after", OpenApiTypes.DATETIME, description="Created at or after this time."
+    ),
+    OpenApiParameter(
+        "created_before", OpenApiTypes.DATETIME, description="Created before this time."
+    ),
+    OpenApiParameter(
+        "q", OpenApiTypes.STR, description="Free text over id (or id prefix), operation and error."
+    ),
 ]
 
 

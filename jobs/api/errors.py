@@ -105,8 +105,10 @@ def suspicious_message(exc: BaseException) -> str:
     """A sentence for a ``SuspiciousOperation`` that tells the client what to change."""
     name = type(exc).__name__
     if name == "TooManyFieldsSent":
-        return (f"The request has more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} "
-                "parameters; send fewer.")
+        return (
+            f"The request has more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} "
+            "parameters; send fewer."
+        )
     if name == "DisallowedHost":
         return "The Host header names a host this server does not serve."
     return "The request was refused as malformed; check its headers and parameters."
@@ -115,8 +117,9 @@ def suspicious_message(exc: BaseException) -> str:
 def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Requests refused before any view (bad Host header, too many parameters): JSON for the API."""
     if is_api_path(request.path):
-        message = (suspicious_message(exception) if exception is not None
-                   else "The request is malformed.")
+        message = (
+            suspicious_message(exception) if exception is not None else "The request is malformed."
+        )
         return JsonResponse(error_body(message), status=400)
     return defaults.bad_request(request, exception)
 
@@ -124,8 +127,11 @@ def handler400(request: HttpRequest, exception: Exception | None = None) -> Http
 def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """``PermissionDenied`` raised outside a DRF view: JSON for the API."""
     if is_api_path(request.path):
-        detail = str(exception) if isinstance(exception, PermissionDenied) and str(exception) \
+        detail = (
+            str(exception)
+            if isinstance(exception, PermissionDenied) and str(exception)
             else "You do not have permission to perform this action."
+        )
         return JsonResponse(error_body(detail), status=403)
     return defaults.permission_denied(request, exception)
 

@@ -39,9 +39,7 @@ def body_limit() -> int | None:
 
 
 def too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"The request body is larger than {limit} bytes; send a smaller one."
-    )
+    return PayloadTooLarge(f"The request body is larger than {limit} bytes; send a smaller one.")
 
 
 def _declared_length(parser_context: dict[str, Any] | None) -> int:
@@ -77,7 +75,8 @@ class LimitedJSONParser(JSONParser):
         constants = json.strict_constant if self.strict else None
         try:
             data = json.load(
-                codecs.getreader(encoding)(stream), parse_constant=constants,
+                codecs.getreader(encoding)(stream),
+                parse_constant=constants,
                 parse_float=read_float,
             )
         except RecursionError:
@@ -97,18 +96,22 @@ def non_finite_errors(data: Any, literal: str) -> dict[str, list[str]]:
     field = str(path[0]) if path and isinstance(data, dict) else "non_field_errors"
     where = ".".join(str(p) for p in path) or "the body"
     shown = literal if len(literal) <= 40 else f"{literal[:37]}..."
-    return {field: [
-        f"{where} is {shown}, which is too large to be a finite number; "
-        "send numbers between about -1.8e308 and 1.8e308."
-    ]}
+    return {
+        field: [
+            f"{where} is {shown}, which is too large to be a finite number; "
+            "send numbers between about -1.8e308 and 1.8e308."
+        ]
+    }
 
 
 def _non_finite_path(value: Any) -> list[Any] | None:
     """The path (keys and indexes) to the first non-finite float in ``value``, or None."""
     if isinstance(value, float):
         return None if math.isfinite(value) else []
-    items = value.items() if isinstance(value, dict) else (
-        enumerate(value) if isinstance(value, list) else ()
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else (enumerate(value) if isinstance(value, list) else ())
     )
     for key, item in items:
         inner = _non_finite_path(item)

@@ -23,8 +23,11 @@ def _queue_json(stats: selectors.QueueStats) -> dict[str, Any]:
 class QueueListView(ApiView):
     required_permissions = {"GET": VIEW}
 
-    @extend_schema(operation_id="queues_list", summary="Every queue with its figures",
-                   responses={200: QueueSerializer(many=True), **error_responses(401, 403, 503)})
+    @extend_schema(
+        operation_id="queues_list",
+        summary="Every queue with its figures",
+        responses={200: QueueSerializer(many=True), **error_responses(401, 403, 503)},
+    )
     @bounded
     def get(self, request: Request) -> Response:
         return Response([_queue_json(q) for q in selectors.queue_stats()])
@@ -33,8 +36,12 @@ class QueueListView(ApiView):
 class QueueDetailView(ApiView):
     required_permissions = {"GET": VIEW}
 
-    @extend_schema(operation_id="queues_retrieve", summary="One queue", parameters=[QUEUE_NAME],
-                   responses={200: QueueSerializer, **error_responses(400, 401, 403)})
+    @extend_schema(
+        operation_id="queues_retrieve",
+        summary="One queue",
+        parameters=[QUEUE_NAME],
+        responses={200: QueueSerializer, **error_responses(400, 401, 403)},
+    )
     def get(self, request: Request, name: str) -> Response:
         return Response(_queue_json(selectors.queue_detail(_queue_name(name))))
 
@@ -52,9 +59,13 @@ class QueuePauseView(ApiView):
     required_permissions = {"POST": CHANGE}
     paused = True
 
-    @extend_schema(operation_id="queues_pause", summary="Stop claiming on a queue",
-                   parameters=[QUEUE_NAME], request=None,
-                   responses={200: QueueSerializer, **error_responses(400, 401, 403)})
+    @extend_schema(
+        operation_id="queues_pause",
+        summary="Stop claiming on a queue",
+        parameters=[QUEUE_NAME],
+        request=None,
+        responses={200: QueueSerializer, **error_responses(400, 401, 403)},
+    )
     def post(self, request: Request, name: str) -> Response:
         actions.set_queue_paused(_queue_name(name), self.paused)
         return Response(_queue_json(selectors.queue_detail(name)))
@@ -63,8 +74,12 @@ class QueuePauseView(ApiView):
 class QueueResumeView(QueuePauseView):
     paused = False
 
-    @extend_schema(operation_id="queues_resume", summary="Restart claiming on a queue",
-                   parameters=[QUEUE_NAME], request=None,
-                   responses={200: QueueSerializer, **error_responses(400, 401, 403)})
+    @extend_schema(
+        operation_id="queues_resume",
+        summary="Restart claiming on a queue",
+        parameters=[QUEUE_NAME],
+        request=None,
+        responses={200: QueueSerializer, **error_responses(400, 401, 403)},
+    )
     def post(self, request: Request, name: str) -> Response:
         return super().post(request, name)

@@ -43,7 +43,10 @@ class SchemaView(SpectacularAPIView):
 
     permission_classes = [IsAuthenticated]
     renderer_classes = [
-        OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2
+        OpenApiJsonRenderer,
+        OpenApiJsonRenderer2,
+        OpenApiYamlRenderer,
+        OpenApiYamlRenderer2,
     ]
     custom_settings = {
         "PREPROCESSING_HOOKS": ["jobs.api.schema.drop_slash_twins"],
@@ -83,9 +86,15 @@ class SchemaDocsView(SpectacularSwaggerView):
 # carry their own ``extend_schema``, these extensions describe them from the
 # body serializers they validate with, so /schema lists every route.
 
-def _remote_post_extension(view: str, operation_id: str, summary: str, body: str,
-                           parameter: OpenApiParameter,
-                           response: str) -> type[OpenApiViewExtension]:
+
+def _remote_post_extension(
+    view: str,
+    operation_id: str,
+    summary: str,
+    body: str,
+    parameter: OpenApiParameter,
+    response: str,
+) -> type[OpenApiViewExtension]:
     class RemoteRouteSchema(OpenApiViewExtension):
         target_class = f"jobs.api.remote_views.{view}"
 
@@ -98,7 +107,9 @@ def _remote_post_extension(view: str, operation_id: str, summary: str, body: str
 
             class Described(self.target):
                 @extend_schema(
-                    operation_id=operation_id, summary=summary, tags=["remote workers"],
+                    operation_id=operation_id,
+                    summary=summary,
+                    tags=["remote workers"],
                     parameters=[parameter],
                     request=getattr(remote_views, body, OpenApiTypes.OBJECT),
                     responses={
@@ -118,10 +129,28 @@ def _remote_post_extension(view: str, operation_id: str, summary: str, body: str
 _JOB_ID = OpenApiParameter("job_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 _WORKER_ID = OpenApiParameter("worker_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 REMOTE_ROUTE_SCHEMAS = [
-    _remote_post_extension("ClaimView", "workers_claim", "Remote worker: claim jobs",
-                           "ClaimBody", _WORKER_ID, "ClaimResultSerializer"),
-    _remote_post_extension("CompleteView", "jobs_complete", "Remote worker: complete a held job",
-                           "CompleteBody", _JOB_ID, "OutcomeSerializer"),
-    _remote_post_extension("FailView", "jobs_fail", "Remote worker: fail a held job",
-                           "FailBody", _JOB_ID, "OutcomeSerializer"),
+    _remote_post_extension(
+        "ClaimView",
+        "workers_claim",
+        "Remote worker: claim jobs",
+        "ClaimBody",
+        _WORKER_ID,
+        "ClaimResultSerializer",
+    ),
+    _remote_post_extension(
+        "CompleteView",
+        "jobs_complete",
+        "Remote worker: complete a held job",
+        "CompleteBody",
+        _JOB_ID,
+        "OutcomeSerializer",
+    ),
+    _remote_post_extension(
+        "FailView",
+        "jobs_fail",
+        "Remote worker: fail a held job",
+        "FailBody",
+        _JOB_ID,
+        "OutcomeSerializer",
+    ),
 ]

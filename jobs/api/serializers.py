@@ -44,6 +44,7 @@ assert tuple(StateCountsSerializer().fields) == STATES
 
 # --- jobs ------------------------------------------------------------------------
 
+
 class JobSerializer(serializers.ModelSerializer):
     """Job JSON exactly as CONTRACT.md lists it, plus ``expires_at`` and ``idempotency_key``."""
 
@@ -99,7 +100,7 @@ class JobPageSerializer(serializers.Serializer):
     count = serializers.IntegerField(
         allow_null=True,
         help_text="Matching jobs, counted up to COUNT_CAP. Null on pages reached by a cursor "
-                  "(unless count=true) and when the count ran out of time (count_capped true).",
+        "(unless count=true) and when the count ran out of time (count_capped true).",
     )
     count_capped = serializers.BooleanField(
         help_text="True when more jobs match than 'count' says."
@@ -133,7 +134,10 @@ class EnqueueSerializer(StrictSerializer):
 
 class ReasonSerializer(StrictSerializer):
     reason = serializers.CharField(
-        required=False, allow_blank=True, allow_null=True, max_length=2000,
+        required=False,
+        allow_blank=True,
+        allow_null=True,
+        max_length=2000,
         help_text="Recorded on the job's event.",
     )
 
@@ -167,6 +171,7 @@ class BulkResultSerializer(serializers.Serializer):
 
 # --- events ----------------------------------------------------------------------
 
+
 class EventSerializer(serializers.ModelSerializer):
     """One timeline entry. (Its JSON ``fields`` column is mapped by the ModelSerializer:
     a declared attribute could not be called ``fields``.)"""
@@ -181,7 +186,7 @@ class EventPageSerializer(serializers.Serializer):
     results = EventSerializer(many=True)
     last_seq = serializers.IntegerField(
         help_text="Pass it as 'after' on the next poll: the largest seq returned, or else "
-                  "the smaller of 'after' and the job's last seq (never past the real end)."
+        "the smaller of 'after' and the job's last seq (never past the real end)."
     )
     has_more = serializers.BooleanField(
         help_text="True when the page was full: poll again at once."
@@ -189,6 +194,7 @@ class EventPageSerializer(serializers.Serializer):
 
 
 # --- queues and workers ------------------------------------------------------------
+
 
 class ThroughputSerializer(serializers.Serializer):
     last_minute = serializers.IntegerField(help_text="Jobs that finished in the last minute.")
@@ -236,6 +242,7 @@ class ErrorSerializer(serializers.Serializer):
 # --- the remote-worker protocol (responses, for the schema) ----------------------
 # ``jobs.api.remote_views`` renders these as plain dicts; these serializers
 # describe exactly those dicts so /schema (and schemathesis) can check them.
+
 
 class RemoteWorkerSerializer(serializers.Serializer):
     """``POST /workers`` (201): the registered worker and what the client paces itself by."""

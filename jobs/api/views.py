@@ -47,6 +47,7 @@ from jobs.transitions import cancel_job, retry_job
 
 # --- jobs ---------------------------------------------------------------------------
 
+
 class JobListView(ApiView):
     required_permissions = {"GET": VIEW, "POST": ADD}
 
@@ -56,12 +57,18 @@ class JobListView(ApiView):
         parameters=[
             *FILTER_PARAMETERS,
             OpenApiParameter("cursor", OpenApiTypes.STR, description="From the previous 'next'."),
-            OpenApiParameter("limit", OpenApiTypes.INT,
-                             description=f"Page size, 1 to {selectors.MAX_PAGE_SIZE} "
-                                         f"(default {selectors.DEFAULT_PAGE_SIZE})."),
-            OpenApiParameter("count", OpenApiTypes.BOOL,
-                             description="Count the matching jobs (default: on the first "
-                                         "page only, not on pages reached by a cursor)."),
+            OpenApiParameter(
+                "limit",
+                OpenApiTypes.INT,
+                description=f"Page size, 1 to {selectors.MAX_PAGE_SIZE} "
+                f"(default {selectors.DEFAULT_PAGE_SIZE}).",
+            ),
+            OpenApiParameter(
+                "count",
+                OpenApiTypes.BOOL,
+                description="Count the matching jobs (default: on the first "
+                "page only, not on pages reached by a cursor).",
+            ),
         ],
         responses={200: JobPageSerializer, **error_responses(400, 401, 403, 503)},
     )
@@ -84,13 +91,15 @@ class JobListView(ApiView):
             if page.next_cursor
             else None
         )
-        return Response({
-            "results": JobSerializer(page.results, many=True).data,
-            "next": next_url,
-            "count": count.value if count else None,
-            "count_capped": count.capped if count else False,
-            "count_estimate": count.estimate if count else None,
-        })
+        return Response(
+            {
+                "results": JobSerializer(page.results, many=True).data,
+                "next": next_url,
+                "count": count.value if count else None,
+                "count_capped": count.capped if count else False,
+                "count_estimate": count.estimate if count else None,
+            }
+        )
 
     @extend_schema(
         operation_id="jobs_enqueue",
@@ -154,9 +163,12 @@ class JobEventsView(ApiView):
         parameters=[
             JOB_ID,
             OpenApiParameter("after", OpenApiTypes.INT, description="A seq (default 0)."),
-            OpenApiParameter("limit", OpenApiTypes.INT,
-                             description=f"At most this many (1 to {selectors.MAX_EVENT_LIMIT}, "
-                                         f"default {selectors.DEFAULT_EVENT_LIMIT})."),
+            OpenApiParameter(
+                "limit",
+                OpenApiTypes.INT,
+                description=f"At most this many (1 to {selectors.MAX_EVENT_LIMIT}, "
+                f"default {selectors.DEFAULT_EVENT_LIMIT}).",
+            ),
         ],
         responses={200: EventPageSerializer, **error_responses(400, 401, 403, 404, 503)},
     )
@@ -179,11 +191,13 @@ class JobEventsView(ApiView):
             if last is None:
                 raise NotFound(f"No job with id {job_id} exists.")
             last_seq = min(after, last)
-        return Response({
-            "results": [_event_json(e) for e in events],
-            "last_seq": last_seq,
-            "has_more": len(events) == limit,
-        })
+        return Response(
+            {
+                "results": [_event_json(e) for e in events],
+                "last_seq": last_seq,
+                "has_more": len(events) == limit,
+            }
+        )
 
     @staticmethod
     def _after(raw: str | None) -> int:
@@ -284,10 +298,14 @@ class BulkActionView(ApiView):
         serializer.is_valid(raise_exception=True)
         filters = selectors.job_filters_from_query(body, allow_ids=True)
         if filters.is_empty and serializer.validated_data.get("all") is not True:
-            raise ValidationError({
-                "all": ["No filter was given: name the jobs (filters or 'ids'), "
-                        "or send \"all\": true to act on every job."]
-            })
+            raise ValidationError(
+                {
+                    "all": [
+                        "No filter was given: name the jobs (filters or 'ids'), "
+                        'or send "all": true to act on every job.'
+                    ]
+                }
+            )
         reason = serializer.validated_data.get("reason") or None
         changed = self.bulk_action(filters, by=self.actor(request), reason=reason)
         return Response({"changed": changed})
@@ -302,8 +320,11 @@ _BULK_SCHEMA = {
 class BulkCancelView(BulkActionView):
     bulk_action = staticmethod(actions.bulk_cancel)
 
-    @extend_schema(operation_id="jobs_bulk_cancel", summary="Cancel every job matching a filter",
-                   **_BULK_SCHEMA)
+    @extend_schema(
+        operation_id="jobs_bulk_cancel",
+        summary="Cancel every job matching a filter",
+        **_BULK_SCHEMA,
+    )
     def post(self, request: Request) -> Response:
         return super().post(request)
 
@@ -311,7 +332,10 @@ class BulkCancelView(BulkActionView):
 class BulkRetryView(BulkActionView):
     bulk_action = staticmethod(actions.bulk_retry)
 
-    @extend_schema(operation_id="jobs_bulk_retry", summary="Retry every failed or cancelled "
-                   "job matching a filter", **_BULK_SCHEMA)
+    @extend_schema(
+        operation_id="jobs_bulk_retry",
+        summary="Retry every failed or cancelled job matching a filter",
+        **_BULK_SCHEMA,
+    )
     def post(self, request: Request) -> Response:
         return super().post(request)

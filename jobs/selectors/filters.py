@@ -19,38 +19,11 @@ from django.utils.dateparse import parse_datetime
 
 from jobs.models import Job
 from jobs.states import Status
+from jobs.storable import unstorable_text
 
 STATES: tuple[str, ...] = tuple(s.value for s in Status)
 
 _HEXISH = re.compile(r"^[0-9a-fA-F-]{4,36}$")
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def unstorable_text(value: Any) -> str | None:
-    """Why a JSON value cannot be stored, or None when it can.
-
-    PostgreSQL text and jsonb hold no NUL character, and no database encodes
-    a lone UTF-16 surrogate (valid JSON such as ``"\\ud800"`` produces one):
-    such input is refused with a message instead of failing in the driver.
-    """
-    if isinstance(value, str):
-        match = _UNSTORABLE.search(value)
-        if match is None:
-            return None
-        if match.group() == "\x00":
-            return "Null characters are not allowed."
-        return "Lone surrogate characters (U+D800 to U+DFFF) are not allowed."
-    if isinstance(value, dict):
-        items = [item for pair in value.items() for item in pair]
-    elif isinstance(value, (list, tuple)):
-        items = list(value)
-    else:
-        return None
-    for item in items:
-        reason = unstorable_text(item)
-        if reason:
-            return reason
-    return None
 
 
 class InvalidFilter(ValueError):

@@ -120,6 +120,7 @@ def job_count(filters: JobFilters | None = None, cap: int | None = None) -> Coun
 
 # --- one job -------------------------------------------------------------------
 
+
 def job_get(job_id: uuid.UUID | str) -> Job | None:
     """The job, or None when ``job_id`` is not a UUID or names no job."""
     pk = parse_uuid(job_id) if not isinstance(job_id, uuid.UUID) else job_id
@@ -146,9 +147,7 @@ def job_events_after(
     A poller that passes the largest seq it has seen never misses or repeats
     one: seqs are taken under the job's row lock, so they commit in order.
     """
-    return list(
-        JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit]
-    )
+    return list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])
 
 
 def job_last_seq(job_id: uuid.UUID) -> int | None:

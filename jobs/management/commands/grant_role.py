@@ -42,8 +42,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--password", help="Set this password (with --create or not).")
 
-    def handle(self, *args, username: str, role: str, create: bool, password: str | None,
-               **options) -> None:
+    def handle(
+        self, *args, username: str, role: str, create: bool, password: str | None, **options
+    ) -> None:
         User = get_user_model()
         with transaction.atomic():
             try:

@@ -169,8 +169,11 @@ def test_poller_waits_for_a_writer_holding_its_transaction_and_misses_nothing(ap
     waiter.start()
     try:
         if connection.vendor == "postgresql":
-            wait_for(lambda: _postgres_lock_waiters() >= 1, timeout=20,
-                     message="writer B to wait on writer A's row lock")
+            wait_for(
+                lambda: _postgres_lock_waiters() >= 1,
+                timeout=20,
+                message="writer B to wait on writer A's row lock",
+            )
         for _ in range(5):
             body = viewer.get(f"/jobs/{job.pk}/events").json()
             assert [e["seq"] for e in body["results"]] == [1] and body["last_seq"] == 1
@@ -182,7 +185,8 @@ def test_poller_waits_for_a_writer_holding_its_transaction_and_misses_nothing(ap
     assert not errors, errors
     body = viewer.get(f"/jobs/{job.pk}/events", after=1).json()
     assert [(e["seq"], e["event"]) for e in body["results"]] == [
-        (2, "test.held"), (3, "test.waiter")
+        (2, "test.held"),
+        (3, "test.waiter"),
     ]
     assert body["last_seq"] == 3
 
@@ -214,9 +218,14 @@ def test_poller_sees_every_seq_once_while_claim_and_cancel_race_with_emits(api_f
         try:
             start.wait(timeout=10)
             # SKIP LOCKED passes over the row while an emitter holds it: try again.
-            wait_for(lambda: claim_jobs(queues=[job.queue], worker_id=uuid.uuid4(), limit=1,
-                                        lease_seconds=30), timeout=30, interval=0.001,
-                     message="the claim to find the job unlocked")
+            wait_for(
+                lambda: claim_jobs(
+                    queues=[job.queue], worker_id=uuid.uuid4(), limit=1, lease_seconds=30
+                ),
+                timeout=30,
+                interval=0.001,
+                message="the claim to find the job unlocked",
+            )
             cancel_job(job.pk, by="test", reason="mixed with emits")
         except BaseException as error:  # noqa: BLE001
             errors.append(error)

@@ -40,6 +40,7 @@ def test_count_on_the_first_page_only_unless_asked(viewer):
 
 # --- the statement timeout ----------------------------------------------------------
 
+
 def _statement_timeout() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SHOW statement_timeout")
@@ -76,8 +77,10 @@ def test_an_unindexed_text_filter_over_many_rows_hits_the_timeout(viewer, settin
         pytest.skip("SQLite has no statement timeout")
     seed = queued()
     columns = [f.column for f in Job._meta.concrete_fields]
-    picks = ["gen_random_uuid()" if c == "id" else "NULL" if c == "idempotency_key" else c
-             for c in columns]
+    picks = [
+        "gen_random_uuid()" if c == "id" else "NULL" if c == "idempotency_key" else c
+        for c in columns
+    ]
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO jobs_job ({', '.join(columns)}) SELECT {', '.join(picks)} "
@@ -130,8 +133,10 @@ def test_concurrent_repeats_get_one_201_and_the_rest_200_with_the_same_job(api_f
             client = Client()
             start.wait(timeout=10)
             response = client.post(
-                "/jobs", {"operation": "ping", "idempotency_key": "together"},
-                content_type="application/json", headers=operator.headers,
+                "/jobs",
+                {"operation": "ping", "idempotency_key": "together"},
+                content_type="application/json",
+                headers=operator.headers,
             )
             answers.append((response.status_code, response.json().get("id", "")))
         except BaseException as error:  # noqa: BLE001 - reported by the main thread

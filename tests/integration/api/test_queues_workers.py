@@ -171,8 +171,12 @@ def test_throughput_tells_the_last_minute_from_the_last_hour(viewer):
         "59 min ago": succeeded(queue="tp"),
         "2 h ago": succeeded(queue="tp"),
     }
-    for label, ago in (("50 s ago", timedelta(seconds=50)), ("70 s ago", timedelta(seconds=70)),
-                       ("59 min ago", timedelta(minutes=59)), ("2 h ago", timedelta(hours=2))):
+    for label, ago in (
+        ("50 s ago", timedelta(seconds=50)),
+        ("70 s ago", timedelta(seconds=70)),
+        ("59 min ago", timedelta(minutes=59)),
+        ("2 h ago", timedelta(hours=2)),
+    ):
         Job.objects.filter(pk=finished[label].pk).update(finished_at=now - ago)
     queued(queue="tp")  # not finished: counts in neither
     expected = {"last_minute": 2, "last_hour": 4}

@@ -93,8 +93,11 @@ WAIT_CAP = 0.05
 def cap_wait(case) -> None:
     """The hook that keeps a fuzzed claim from long-polling for up to 30 s."""
     body = case.body
-    if isinstance(body, dict) and isinstance(body.get("wait"), (int, float)) \
-            and not isinstance(body.get("wait"), bool):
+    if (
+        isinstance(body, dict)
+        and isinstance(body.get("wait"), (int, float))
+        and not isinstance(body.get("wait"), bool)
+    ):
         body["wait"] = max(0.0, min(float(body["wait"]), WAIT_CAP))
 
 
@@ -110,10 +113,17 @@ def fuzz(operation, headers: dict[str, str], statuses: Counter[int], failures: l
     checks = [not_a_server_error, response_schema_conformance, content_type_conformance]
     deadline = time.monotonic() + SECONDS_PER_OPERATION
 
-    @given(case=operation.as_strategy(GenerationMode.POSITIVE)
-           | operation.as_strategy(GenerationMode.NEGATIVE))
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(
+        case=operation.as_strategy(GenerationMode.POSITIVE)
+        | operation.as_strategy(GenerationMode.NEGATIVE)
+    )
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     def run(case) -> None:
         if time.monotonic() > deadline:
             return
@@ -123,8 +133,9 @@ def fuzz(operation, headers: dict[str, str], statuses: Counter[int], failures: l
         try:
             case.validate_response(response, checks=checks, headers=headers)
         except (AssertionError, BaseExceptionGroup) as error:  # a Failure or a FailureGroup
-            failures.append(f"{case.method} {case.formatted_path} -> {response.status_code}: "
-                            f"{str(error)[:400]}")
+            failures.append(
+                f"{case.method} {case.formatted_path} -> {response.status_code}: {str(error)[:400]}"
+            )
             return
         if response.status_code >= 400:
             body = response.json()

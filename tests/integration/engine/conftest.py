@@ -12,7 +12,9 @@ def worker(start_process):
     def start(*queues: str, args: tuple[str, ...] = (), env: dict | None = None):
         flags = [a for q in (queues or ("default",)) for a in ("--queue", q)]
         return start_process(
-            "runworker", *flags, *args,
+            "runworker",
+            *flags,
+            *args,
             env={"CONTROLPLANE_OPERATION_MODULES": TEST_MODULES, **(env or {})},
         )
 

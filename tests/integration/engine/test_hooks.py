@@ -37,6 +37,8 @@ def test_hooks_run_around_each_job_and_pre_dequeue_can_decline():
         WorkerConfig(queues=("default",), concurrency=1, burst=True, poll_seconds=0.05), budget=2
     )
     assert worker.run(install_signals=False) == 0
-    statuses = sorted(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True))
+    statuses = sorted(
+        Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("status", flat=True)
+    )
     assert statuses == ["queued", "succeeded", "succeeded"]
     assert worker.seen == [("pre", "ping"), ("post", "succeeded")] * 2

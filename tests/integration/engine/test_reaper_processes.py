@@ -76,7 +76,8 @@ def test_two_reaper_processes_requeue_once_then_fail_once(start_process):
         assert len(claim_jobs(queues=[queue], worker_id=ghost, limit=30, lease_seconds=0.5)) == 30
         wait_for(
             lambda f=final: Job.objects.filter(pk__in=ids, status=f).count() == 30,
-            timeout=30, message=f"all {final}",
+            timeout=30,
+            message=f"all {final}",
         )
         per_job = [count(j, event) for j in jobs]
         assert per_job == [1] * 30, per_job
@@ -104,10 +105,13 @@ def test_retention_over_several_batches_with_the_purge(start_process):
     gone, gone_held = running("fanout", payload={"batches": 10})
     registry.get("fanout").execute(context(gone_held), gone_held.payload)
     transitions._move(
-        target=transitions.FAILED, job_ids=[gone.pk],
+        target=transitions.FAILED,
+        job_ids=[gone.pk],
         event=transitions.Event("job.timeout", level="error"),
         assign={
-            "finished_at": timezone.now(), "error_code": "JobTimeout", **transitions.CLEAR_LEASE
+            "finished_at": timezone.now(),
+            "error_code": "JobTimeout",
+            **transitions.CLEAR_LEASE,
         },
     )
     alive, alive_held = running("fanout", payload={"batches": 3})

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from django.db import connection
