@@ -10,14 +10,12 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from typing import TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from jobs.conf import knob
 
 log = logging.getLogger("workers")
-T = TypeVar("T")
 
 TRANSIENT_SQLSTATES = {
     "40001",
