@@ -20,7 +20,6 @@ COPY controlplane ./controlplane
 COPY jobs ./jobs
 COPY workers ./workers
 COPY dashboard ./dashboard
-COPY controlplane_client ./controlplane_client
 COPY templates ./templates
 COPY static ./static
 

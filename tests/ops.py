@@ -41,3 +41,15 @@ def returns(ctx, payload):
     if kind == "emit_nul":
         ctx.emit("test.bad", "a\x00b")
     return {"ok": True}
+
+
+@operation("test.db_outage")
+def db_outage(ctx, payload):
+    """Fails like a dropped database connection on its first run, then succeeds."""
+    from django.db import OperationalError
+
+    from jobs.models import JobEvent
+
+    if not JobEvent.objects.filter(job_id=ctx.job_id, event="job.retry_later").exists():
+        raise OperationalError("server closed the connection unexpectedly")
+    return {"ok": True}

@@ -250,8 +250,15 @@ class JobRunner:
             return Outcome("cancelled", error=error)
         if isinstance(error, LeaseLost):
             return Outcome("lease_lost", error=error)
-        if connection.in_atomic_block is False and is_transient(error):
-            reset_connection()
+        if is_transient(error):
+            # A database outage (restart, dropped connection, deadlock) is not the job's
+            # fault: run it again later without counting the attempt, like RetryLaterError.
+            if connection.in_atomic_block is False:
+                reset_connection()
+            delay = backoff_seconds(
+                job.attempt, self.retry_backoff_seconds, self.retry_backoff_max_seconds
+            )
+            error = RetryLaterError(f"the database was unavailable: {error}", delay)
         if isinstance(error, RetryLaterError):
             try:
                 with_db_retry(

@@ -155,7 +155,12 @@ def test_manual_listen_stops_gracefully_on_a_signal(start_client, server, sig):
     client = start_client("--mode", "manual", "--count", "10", "--long-poll", "1")
     worker_id = worker_id_of(client)
     job = enqueue("remote.slow", {"seconds": 1.5})
-    eventually(lambda: job_status(job.pk) == "running", message="the slow job to start")
+    # Its first progress report, not "running" (set at claim, before listen() yields it),
+    # proves the job is in the client's hands.
+    eventually(
+        lambda: Job.objects.get(pk=job.pk).progress_current >= 1,
+        message="the slow job to report progress",
+    )
     client.signal(sig)
     assert client.wait() == 0, client.output()
     assert f"DONE {job.pk} succeeded" in client.output()
