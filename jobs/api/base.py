@@ -53,12 +53,12 @@ def bounded(method: Callable[..., Response]) -> Callable[..., Response]:
     """Run a read-only view method under the statement timeout; a timeout becomes a 503.
 
     On PostgreSQL every query of the method (page, count, lookups) runs in one
-    read transaction with ``SET LOCAL statement_timeout`` (``dashboard.db``),
+    read transaction with ``SET LOCAL statement_timeout`` (``jobs.selectors.timeouts``),
     so a filter that no index serves on a big table costs at most the timeout
     instead of holding a connection for minutes. SQLite has no statement
-    timeout: there the reads run as they are. The mechanism and its knob
-    (``DASHBOARD_STATEMENT_TIMEOUT_MS``) are the dashboard's, shared rather than
-    copied, so one setting bounds every read an operator can trigger.
+    timeout: there the reads run as they are. The knob
+    (``DASHBOARD_STATEMENT_TIMEOUT_MS``) is the dashboard's too, so one
+    setting bounds every read an operator can trigger.
     """
 
     @functools.wraps(method)

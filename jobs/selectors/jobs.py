@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Max, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from jobs.models import Job, JobEvent
 from jobs.selectors.counts import CountResult, estimated_count
@@ -153,11 +153,10 @@ def job_events_after(
 def job_last_seq(job_id: uuid.UUID) -> int | None:
     """The largest seq of a job's timeline (0 when it has none), or None when no such job.
 
-    One index lookup on ``(job, seq)``; the events poller caps the ``last_seq``
-    it returns with this, so a client that sent an ``after`` beyond the end
-    resumes at the real end instead of skipping the events still to come.
+    One primary-key read: every event writer bumps ``Job.last_event_seq`` in
+    the transaction that inserts the event. The events poller caps the
+    ``last_seq`` it returns with this, so a client that sent an ``after``
+    beyond the end resumes at the real end instead of skipping the events
+    still to come.
     """
-    last = JobEvent.objects.filter(job_id=job_id).aggregate(last=Max("seq"))["last"]
-    if last is not None:
-        return int(last)
-    return 0 if Job.objects.filter(pk=job_id).exists() else None
+    return Job.objects.filter(pk=job_id).values_list("last_event_seq", flat=True).first()
