@@ -12,10 +12,12 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 log = logging.getLogger("controlplane_client")
 
+ws_connect: Callable[..., Any] | None
 try:  # pragma: no cover - exercised by whether the extra is installed
     from websockets.sync.client import connect as ws_connect
 except ImportError:  # pragma: no cover
@@ -87,7 +89,7 @@ class PushListener:
             url,
             additional_headers=headers,
             origin=self.origin,
-            proxy=None,  # type: ignore[arg-type]
+            proxy=None,  # never a proxy from the environment: the server is reached directly
             open_timeout=5,
             close_timeout=1,
         ) as ws:
