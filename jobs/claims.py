@@ -65,7 +65,27 @@ def _pick(
     ``local_operations`` leaves alone the jobs of operations that only remote
     workers provide (a live ``RemoteOperation`` this process does not run):
     read in the same statement, so a declaration is seen by the very next claim.
+
+    PostgreSQL walks priority lanes (``jobs_claimable_ids``, migration 0004):
+    one ordered scan over ``(queue, priority DESC, run_after)`` would walk
+    every job scheduled later at a higher priority before reaching today's
+    work (100,000 future jobs made each claim read thousands of index
+    entries). The function reads a ``(queue, priority)`` lane at a time, from
+    the best priority down, each found by one descent of ``job_claimable_idx``
+    and read only as far as ``run_after <= now``, and stops once it holds
+    ``limit`` jobs: a future job costs nothing, and it locks what it takes.
     """
+    if d.postgres:
+        return (
+            "SELECT jobs_claimable_ids(%s::text[], %s, %s, %s::text[], %s::text[])",
+            [
+                list(queues),
+                d.ts(now),
+                limit,
+                None if operations is None else list(operations),
+                None if local_operations is None else list(local_operations),
+            ],
+        )
     conditions = ["status = 'queued'", f"queue IN {d.in_list(len(queues))}", "run_after <= %s"]
     params: list[Any] = [*queues, d.ts(now)]
     if operations is not None:
@@ -74,10 +94,7 @@ def _pick(
     if local_operations is not None:
         remote = "SELECT name FROM jobs_remoteoperation WHERE deleted = %s"
         params.append(False)
-        if local_operations and d.postgres:  # one array: the text stays short and constant
-            remote += " AND name <> ALL(%s::text[])"
-            params.append(list(local_operations))
-        elif local_operations:
+        if local_operations:
             remote += f" AND name NOT IN {d.in_list(len(local_operations))}"
             params.extend(local_operations)
         conditions.append(f"operation NOT IN ({remote})")
@@ -85,10 +102,7 @@ def _pick(
         f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(conditions)} "
         "ORDER BY priority DESC, run_after LIMIT %s"
     )
-    params.append(limit)
-    if d.postgres:
-        sql += " FOR UPDATE SKIP LOCKED"
-    return sql, params
+    return sql, [*params, limit]
 
 
 def _claim_update(
@@ -116,7 +130,7 @@ def _claim_update(
 
 def _claimed(d: Any, r: Sequence[Any]) -> ClaimedJob:
     return ClaimedJob(
-        id=d.read_uuid(r[0]),
+        id=d.read_id(r[0]),
         operation=r[1],
         queue=r[2],
         payload=d.read_json(r[3]) or {},
@@ -159,22 +173,6 @@ def claim_jobs(
         return []
     d = dialect(using)
     now = timezone.now()
-    pick, pick_params = _pick(
-        d,
-        queues=queues,
-        now=now,
-        limit=limit,
-        operations=operations,
-        local_operations=local_operations,
-    )
-    update, params = _claim_update(
-        d,
-        pick=pick,
-        pick_params=pick_params,
-        worker_id=worker_id,
-        now=now,
-        lease_seconds=lease_seconds,
-    )
     worker_text = str(worker_id)
     # On PostgreSQL an uncapped claim is one statement, atomic on its own.
     needs_transaction = cap is not None or not d.postgres
@@ -192,7 +190,23 @@ def claim_jobs(
             free = cap - cursor.fetchone()[0]
             if free <= 0:
                 return []
-            params[-2] = min(limit, free)  # the LIMIT of the pick
+            limit = min(limit, free)
+        pick, pick_params = _pick(
+            d,
+            queues=queues,
+            now=now,
+            limit=limit,
+            operations=operations,
+            local_operations=local_operations,
+        )
+        update, params = _claim_update(
+            d,
+            pick=pick,
+            pick_params=pick_params,
+            worker_id=worker_id,
+            now=now,
+            lease_seconds=lease_seconds,
+        )
         if d.postgres:
             # Django's psycopg connections never prepare statements
             # (prepare_threshold=None), so every claim is planned afresh against
@@ -255,7 +269,7 @@ def extend_leases(
             f"WHERE {where} AND (status = 'running') IS TRUE RETURNING id",
             [d.ts(now + timedelta(seconds=lease_seconds)), *params],
         )
-        kept = {d.read_uuid(r[0]) for r in cursor.fetchall()}
+        kept = {d.read_id(r[0]) for r in cursor.fetchall()}
     return {job_id for job_id, _ in held} - kept
 
 
@@ -370,7 +384,7 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
             f"VALUES (%s, %s, %s, 'job.succeeded', 'info', '', {d.json_param})",
             [(r[0], r[1], d.ts(now), d.json({"duration_ms": durations.get(r[0])})) for r in rows],
         )
-    return [d.read_uuid(r[0]) for r in rows]
+    return [d.read_id(r[0]) for r in rows]
 
 
 # --- both at once -------------------------------------------------------------

@@ -7,10 +7,10 @@ statements themselves stay identical where the two databases agree.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID  # not ``import uuid``: ``Dialect.uuid`` shadows it in the class body
 
 from django.db import connections
 from django.utils.dateparse import parse_datetime
@@ -29,11 +29,11 @@ class Dialect:
         return self.connection.vendor == "postgresql"
 
     # Parameter adapters -------------------------------------------------
-    def uuid(self, value: uuid.UUID | str | None) -> Any:
+    def uuid(self, value: UUID | str | None) -> Any:
         """A UUID as this database stores it (native on PostgreSQL, hex on SQLite)."""
         if value is None:
             return None
-        value = value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+        value = value if isinstance(value, UUID) else UUID(str(value))
         return value if self.postgres else value.hex
 
     def ts(self, value: datetime | None) -> Any:
@@ -61,10 +61,20 @@ class Dialect:
 
     # Result readers ------------------------------------------------------
     @staticmethod
-    def read_uuid(value: Any) -> uuid.UUID | None:
-        if value is None or isinstance(value, uuid.UUID):
+    def read_uuid(value: Any) -> UUID | None:
+        """A nullable uuid column (``parent_id``, ``lease_token``)."""
+        if value is None or isinstance(value, UUID):
             return value
-        return uuid.UUID(str(value))
+        return UUID(str(value))
+
+    @staticmethod
+    def read_id(value: Any) -> UUID:
+        """A uuid column that is never NULL (a job's id, a message's parent).
+
+        ``read_uuid`` without the ``None`` case, so callers get a ``UUID``
+        without narrowing a value the schema already guarantees.
+        """
+        return value if isinstance(value, UUID) else UUID(str(value))
 
     @staticmethod
     def read_json(value: Any) -> Any:

@@ -1,8 +1,9 @@
 """Operations used only by tests (loaded in worker subprocesses via OPERATION_MODULES)."""
 
 import os
+import time
 
-from jobs.operations import Operation, operation, registry
+from jobs.operations import Operation, OperationResult, operation, registry
 
 
 @operation("test.crash")
@@ -53,3 +54,10 @@ def db_outage(ctx, payload):
     if not JobEvent.objects.filter(job_id=ctx.job_id, event="job.retry_later").exists():
         raise OperationalError("server closed the connection unexpectedly")
     return {"ok": True}
+
+
+@operation("test.defer_after")
+def defer_after(ctx, payload):
+    """Waits without touching the database, then stays running as a deferred job."""
+    time.sleep(float(payload.get("seconds", 1)))
+    return OperationResult(result={"deferred": True}, deferred=True)

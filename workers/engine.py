@@ -29,6 +29,7 @@ operations that ``emit`` add one independent connection per job thread.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -233,7 +234,10 @@ class JobWorker:
             job = flight.job
             try:
                 with_db_retry(
-                    lambda job=job: transitions.requeue_job(
+                    # partial, not a lambda with a ``job=job`` default: it binds this
+                    # job now and mypy can type it.
+                    functools.partial(
+                        transitions.requeue_job,
                         job.id,
                         lease_token=job.lease_token,
                         reason="worker shutdown: the grace period ran out",

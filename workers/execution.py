@@ -148,12 +148,12 @@ class JobRunner:
     def _run(self, flight: InFlight) -> Outcome:
         job = flight.job
         if job.expired:
-            return self._fail(job, "JobExpired", "The job expired before a worker could run it.")
+            return self._fail(flight, "JobExpired", "The job expired before a worker could run it.")
         try:
             op = self.registry.get(job.operation)
         except UnknownOperation:
             return self._fail(
-                job,
+                flight,
                 "UnknownOperation",
                 f"No operation named {job.operation!r} is registered on this worker.",
             )
@@ -213,14 +213,23 @@ class JobRunner:
         try:
             result = _json_safe(result, "result")
         except UnstorableValue as error:
-            return self._fail(job, "ResultNotSerializable", str(error))
+            return self._fail(flight, "ResultNotSerializable", str(error))
         if flight.cancel.is_set():
             return Outcome("cancelled")
         try:
             if deferred:
-                transitions.defer_job(
-                    job.id, lease_token=job.lease_token, result=result, progress=progress
-                )
+
+                def defer() -> None:
+                    transitions.defer_job(
+                        job.id, lease_token=job.lease_token, result=result, progress=progress
+                    )
+
+                if atomic:  # inside the operation's transaction: a retry could not help
+                    defer()
+                else:  # the operation's work is done: store its outcome through an outage
+                    with_db_retry(
+                        defer, what="defer", sleep=flight.cancel.wait, give_up=flight.cancel.is_set
+                    )
                 return Outcome("deferred")
             completion = Completion(
                 job.id,
@@ -269,6 +278,10 @@ class JobRunner:
                         delay_seconds=error.delay_seconds,
                     ),
                     what="retry_later",
+                    # Through a restart of any length: the job keeps its slot until
+                    # the outcome is stored, the lease is lost, or the worker stops.
+                    sleep=flight.cancel.wait,
+                    give_up=flight.cancel.is_set,
                 )
                 return Outcome("retry_later", error=error)
             except LeaseLost:
@@ -278,7 +291,7 @@ class JobRunner:
             job.attempt, self.retry_backoff_seconds, self.retry_backoff_max_seconds
         )
         return self._fail(
-            job,
+            flight,
             type(error).__name__,
             str(error) or type(error).__name__,
             retryable=retryable,
@@ -288,7 +301,7 @@ class JobRunner:
 
     def _fail(
         self,
-        job: ClaimedJob,
+        flight: InFlight,
         code: str,
         message: str,
         *,
@@ -296,6 +309,7 @@ class JobRunner:
         backoff: float | None = None,
         error: BaseException | None = None,
     ) -> Outcome:
+        job = flight.job
         try:
             status = with_db_retry(
                 lambda: transitions.fail_job(
@@ -307,6 +321,8 @@ class JobRunner:
                     backoff_seconds=backoff,
                 ),
                 what="fail",
+                sleep=flight.cancel.wait,
+                give_up=flight.cancel.is_set,
             )
         except (LeaseLost, ControlPlaneError):
             return Outcome("lease_lost", error=error)

@@ -41,7 +41,7 @@ def is_transient(error: BaseException) -> bool:
 
 def backoff_delay(attempt: int) -> float:
     """Exponential backoff with ±25% jitter, capped by DB_RETRY_MAX_SECONDS."""
-    base = float(knob("DB_RETRY_INITIAL_SECONDS")) * (2 ** max(attempt, 0))
+    base = float(knob("DB_RETRY_INITIAL_SECONDS")) * (2 ** min(max(attempt, 0), 32))
     base = min(base, float(knob("DB_RETRY_MAX_SECONDS")))
     return base * random.uniform(0.75, 1.25)
 
@@ -63,16 +63,25 @@ def with_db_retry[T](
     what: str,
     attempts: int = 5,
     sleep: Callable[[float], object] | None = None,
+    give_up: Callable[[], bool] | None = None,
 ) -> T:
-    """Run ``fn``, retrying transient database errors ``attempts`` times with backoff."""
+    """Run ``fn``, retrying transient database errors ``attempts`` times with backoff.
+
+    With ``give_up``, retries go on past ``attempts`` for as long as it returns
+    False: a job's outcome is worth waiting for through a long restart, since
+    the alternative is a job left running until its lease expires.
+    """
     import time
 
     sleeper = sleep or time.sleep
-    for attempt in range(attempts):
+    attempt = 0
+    while True:
         try:
             return fn()
         except Exception as error:
-            if not is_transient(error) or attempt == attempts - 1:
+            if not is_transient(error):
+                raise
+            if attempt >= attempts - 1 and (give_up is None or give_up()):
                 raise
             delay = backoff_delay(attempt)
             log.warning(
@@ -80,4 +89,4 @@ def with_db_retry[T](
             )
             reset_connection()
             sleeper(delay)
-    raise AssertionError("unreachable")
+            attempt += 1

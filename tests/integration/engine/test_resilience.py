@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection
@@ -14,6 +16,11 @@ from jobs.models import Job, JobEvent
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
+
+stops_postgres = pytest.mark.skipif(
+    os.environ.get("CONTROLPLANE_TEST_PG_RESTART") != "1",
+    reason="stops the PostgreSQL server: set CONTROLPLANE_TEST_PG_RESTART=1 (CI does)",
+)
 
 
 def _postgres_only():
@@ -28,6 +35,22 @@ def _terminate_other_backends() -> int:
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         return cursor.fetchone()[0]
+
+
+@contextmanager
+def _postgres_stopped() -> Iterator[None]:
+    """The PostgreSQL server down for the block; this process reconnects after it."""
+    cluster = [sorted(os.listdir("/etc/postgresql"))[0], "main"]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "stop"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "start"],
+            check=True,
+            timeout=60,
+        )
+        connection.close()
 
 
 def _status(job) -> str:
@@ -45,27 +68,51 @@ def test_worker_recovers_when_its_connections_are_dropped(worker):
     assert proc.popen.poll() is None, proc.output()
 
 
-@pytest.mark.skipif(
-    os.environ.get("CONTROLPLANE_TEST_PG_RESTART") != "1",
-    reason="restarts the PostgreSQL server: set CONTROLPLANE_TEST_PG_RESTART=1 (CI does)",
-)
+@stops_postgres
 def test_worker_recovers_from_a_postgresql_restart(worker):
     _postgres_only()
     proc = worker()
-    running = enqueue("sleep", {"seconds": 1})
+    running = enqueue("sleep", {"seconds": 4})
     wait_for(lambda: _status(running) == "running", message="running")
-    version = sorted(os.listdir("/etc/postgresql"))[0]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-        check=True,
-        timeout=60,
-    )
-    connection.close()
+    with _postgres_stopped():
+        # Down for longer than the five attempts of an ordinary retry (about 1.5 s
+        # with the test knobs): the job's outcome waits for the database instead
+        # of being given up, which would leave the job running until its lease ran out.
+        wait_for(
+            lambda: "what=retry_later attempt=7" in proc.output(),
+            timeout=60,
+            message="the sleep job's outcome retried past five attempts",
+        )
     job = enqueue("ping")
     wait_for(lambda: _status(job) == "succeeded", timeout=60, message="job after restart")
     # The sleep job's run hit the outage: it runs again, its attempt not counted.
     wait_for(lambda: _status(running) == "succeeded", timeout=60, message="the sleep job")
     assert Job.objects.get(pk=running.pk).attempts == 1
+    assert "job.retry_later" in JobEvent.objects.filter(job_id=running.pk).values_list(
+        "event", flat=True
+    )
+    assert proc.popen.poll() is None, proc.output()
+
+
+@stops_postgres
+def test_a_deferral_reached_during_an_outage_is_stored_when_the_database_returns(worker):
+    _postgres_only()
+    proc = worker()
+    job = enqueue("test.defer_after", {"seconds": 1})
+    wait_for(lambda: _status(job) == "running", message="running")
+    with _postgres_stopped():
+        wait_for(
+            lambda: "what=defer attempt=7" in proc.output(),
+            timeout=60,
+            message="the deferral retried past five attempts",
+        )
+    wait_for(
+        lambda: JobEvent.objects.filter(job_id=job.pk, event="job.deferred").exists(),
+        timeout=60,
+        message="job.deferred",
+    )
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.status, stored.result, stored.error_code) == ("running", {"deferred": True}, "")
     assert proc.popen.poll() is None, proc.output()
 
 

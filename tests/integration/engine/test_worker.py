@@ -29,7 +29,8 @@ def events(job) -> list[str]:
 
 
 def test_concurrent_workers_never_run_a_job_twice(worker):
-    jobs = enqueue_many([JobSpec("ping") for _ in range(300)])
+    # Four priority lanes: each claim locks up to its limit in every lane at once.
+    jobs = enqueue_many([JobSpec("ping", priority=i % 4 - 1) for i in range(300)])
     procs = [worker("default", args=("--concurrency", "4", "--burst")) for _ in range(3)]
     for proc in procs:
         assert proc.wait(timeout=90) == 0, proc.output()
