@@ -250,6 +250,18 @@ class QueueSystem:
             extra["db cpu ms/job"] = used["db"] * 1000 / count
         return DrainResult(count, seconds, extra)
 
+    def idle_cpu(self, seconds: float, concurrency: int, poll: float) -> float:
+        """Percent of one core that one idle worker and its backends use, over ``seconds``."""
+        group = self.start_workers(1, concurrency, poll)
+        try:
+            before, started = group.cpu(self.backend_pids()), time.monotonic()
+            time.sleep(seconds)
+            after, elapsed = group.cpu(self.backend_pids()), time.monotonic() - started
+        finally:
+            group.stop()
+        used = sum(value - before.get(key, 0.0) for key, value in after.items())
+        return used * 100 / elapsed
+
     def pickup(self, samples: int, concurrency: int, poll: float, warmup: int = 5) -> list[float]:
         """Latencies (ms) from enqueue to start with one idle worker, one job at a time."""
         group = self.start_workers(1, concurrency, poll)
