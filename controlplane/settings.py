@@ -75,7 +75,7 @@ WSGI_APPLICATION = "controlplane.wsgi.application"
 ASGI_APPLICATION = "controlplane.asgi.application"
 
 
-def _database_config() -> dict:
+def _database_config() -> dj_database_url.DBConfig:
     url = os.environ.get("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
     config = dj_database_url.parse(url, conn_max_age=600, conn_health_checks=True)
     if config["ENGINE"] == "django.db.backends.sqlite3":

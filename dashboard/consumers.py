@@ -62,7 +62,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         self.sub = sub
         self.group = (
             job_group(sub.job_id)
-            if sub.page == "job"
+            if sub.job_id is not None  # only a job page names a job (``_parse``)
             else LIST_GROUP
             if sub.page == "jobs"
             else page_group(sub.page)

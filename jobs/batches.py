@@ -179,12 +179,14 @@ def claim_messages(*, queue: str, limit: int, visibility_seconds: float) -> list
             [d.ts(now + timedelta(seconds=visibility_seconds)), queue, d.ts(now), limit],
         )
         rows = cursor.fetchall()
-    claimed, poisoned = [], []
+    # (message, its last_error): the poisoned are failed below, the rest returned.
+    claimed: list[tuple[ClaimedMessage, str]] = []
+    poisoned: list[tuple[ClaimedMessage, str]] = []
     for r in sorted(rows, key=lambda r: r[0]):
         message = ClaimedMessage(
             id=r[0],
             queue=r[1],
-            parent_id=d.read_uuid(r[2]),
+            parent_id=d.read_id(r[2]),
             operation=r[3],
             batch_index=r[4],
             payload=d.read_json(r[5]) or {},

@@ -416,7 +416,7 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
             "VALUES (%s, 1, %s, 'job.enqueued', 'info', '', '{}')",
             [(job_id, created) for job_id in ids],
         )
-        return {d.read_uuid(job_id) for job_id in ids}
+        return {d.read_id(job_id) for job_id in ids}
 
 
 def _rows_document(rows: list[_Row]) -> str:

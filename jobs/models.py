@@ -15,14 +15,14 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.states import ACTIVE, TERMINAL, Status
+from jobs.states import ACTIVE, TERMINAL, Status, TextChoices
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 # The reaper's rescue events (jobs.rescues writes them).
 RECLAIM_EVENTS = ("job.lease_expired_requeue", "job.lease_expired", "job.timeout")
 
 
-class QueueKind(models.TextChoices):
+class QueueKind(TextChoices):
     JOB = "job", "Job rows"
     BATCH = "batch", "Batch messages"
 
@@ -47,7 +47,7 @@ class Queue(models.Model):
         return QueueKind.BATCH if name.endswith((".batch", ".write")) else QueueKind.JOB
 
 
-class WorkerKind(models.TextChoices):
+class WorkerKind(TextChoices):
     LOCAL = "local", "Local (database)"
     REMOTE = "remote", "Remote (HTTP)"
 
@@ -200,7 +200,7 @@ class Job(models.Model):
         return self.status in TERMINAL
 
 
-class EventLevel(models.TextChoices):
+class EventLevel(TextChoices):
     INFO = "info", "info"
     WARNING = "warning", "warning"
     ERROR = "error", "error"

@@ -36,7 +36,7 @@ import jsonschema
 from jobs.exceptions import JobCancelled, RetryLaterError, UnknownOperation
 
 if TYPE_CHECKING:
-    from jobs.transitions import ClaimedJob
+    from jobs.claims import ClaimedJob
 
 __all__ = [
     "JobContext",

@@ -6,12 +6,47 @@ which checks its move against ``ALLOWED`` before it touches the database.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import models
 
 from jobs.exceptions import IllegalTransition
 
+if TYPE_CHECKING:
+    from enum import EnumType, StrEnum
+    from typing import Self
 
-class Status(models.TextChoices):
+    class _ChoicesType(EnumType):
+        @property
+        def choices(cls) -> list[tuple[str, str]]: ...
+        @property
+        def values(cls) -> list[str]: ...
+        @property
+        def labels(cls) -> list[str]: ...
+        @property
+        def names(cls) -> list[str]: ...
+
+    class TextChoices(StrEnum, metaclass=_ChoicesType):
+        """Django's ``TextChoices`` as mypy should see it.
+
+        Django ships no type information, so mypy takes ``models.TextChoices``
+        for ``Any`` and ``Status.QUEUED`` for the tuple written in the class
+        body. At run time it is a ``StrEnum`` (Django 5+) whose metaclass
+        splits ``value, label``; declaring that here makes every member a
+        ``Status`` (still the same ``str`` in the database and the API).
+        """
+
+        _value_: str
+
+        def __new__(cls, value: str, label: str = ...) -> Self: ...
+        @property
+        def label(self) -> str: ...
+
+else:
+    TextChoices = models.TextChoices
+
+
+class Status(TextChoices):
     # Waiting to be claimed (possibly not before ``run_after``).
     QUEUED = "queued", "Queued"
     # Claimed by a worker that holds its lease (or a deferred coordinator).

@@ -160,7 +160,7 @@ def _move(
             cursor.execute(update, params)
             rows = cursor.fetchall()
             write_events(cursor, d, rows, event, now)
-    return [Moved(d.read_uuid(r[0]), r[1]) for r in rows]
+    return [Moved(d.read_id(r[0]), r[1]) for r in rows]
 
 
 def _explain_miss(job_id: uuid.UUID, target: Status, lease_token: uuid.UUID | None) -> Exception:
@@ -466,7 +466,7 @@ def cancel_jobs(
         with connections[using].cursor() as cursor:
             roots = [d.uuid(i) for i in job_ids]
             cursor.execute(DESCENDANTS_SQL.format(roots=d.in_list(len(roots))), roots)
-            descendants = [d.read_uuid(r[0]) for r in cursor.fetchall()]
+            descendants = [d.read_id(r[0]) for r in cursor.fetchall()]
         moved += (
             _move(
                 target=CANCELLED,

@@ -9,7 +9,7 @@ to ``jobs.api.remote_views``. Queues are in ``queue_views``, workers in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -313,7 +313,18 @@ class BulkActionView(ApiView):
         return Response({"changed": changed})
 
 
-_BULK_SCHEMA = {
+class _BulkSchema(TypedDict):
+    """The ``extend_schema`` arguments both bulk actions share.
+
+    A plain dict would be ``dict[str, object]`` to mypy, which ``**`` cannot
+    spread into ``extend_schema``'s typed keywords.
+    """
+
+    request: type[BulkActionSerializer]
+    responses: dict[int, Any]
+
+
+_BULK_SCHEMA: _BulkSchema = {
     "request": BulkActionSerializer,
     "responses": {200: BulkResultSerializer, **error_responses(400, 401, 403, 413)},
 }
