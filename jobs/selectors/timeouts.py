@@ -4,6 +4,12 @@ A filter nobody indexed (free text, payload containment) must not hold a
 request, a worker thread of the web server and a database backend for
 minutes on a big table: past the timeout PostgreSQL cancels the statement
 and the caller answers 503.
+
+The same reads give up on a table lock after ``READ_LOCK_TIMEOUT_MS``: a
+page view must not queue behind a migration or a ``TRUNCATE`` (and every
+statement queued behind it), nor deadlock one that already holds some of
+the tables it reads. The timeout sits below PostgreSQL's default
+``deadlock_timeout`` (1 s) so, in such a cycle, the read is the side that yields.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from contextlib import contextmanager
 from django.db import connections, transaction
 
 from jobs.conf import knob
+
+READ_LOCK_TIMEOUT_MS = 500
 
 
 @contextmanager
@@ -28,21 +36,28 @@ def bounded_reads(using: str = "default") -> Iterator[None]:
         yield
         return
     ms = int(knob("DASHBOARD_STATEMENT_TIMEOUT_MS"))
+    limits = {"statement_timeout": f"{ms}ms", "lock_timeout": f"{min(ms, READ_LOCK_TIMEOUT_MS)}ms"}
     conn = connections[using]
     nested = conn.in_atomic_block
     with transaction.atomic(using=using):
         with conn.cursor() as cursor:
-            if nested:  # SET LOCAL would outlive our savepoint: remember the old value
-                cursor.execute("SHOW statement_timeout")
-                previous = cursor.fetchone()[0]
-            cursor.execute(f"SET LOCAL statement_timeout = {ms}")
+            if nested:  # SET LOCAL would outlive our savepoint: remember the old values
+                cursor.execute(
+                    "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+                )
+                previous = dict(zip(limits, cursor.fetchone(), strict=True))
+            for name, value in limits.items():
+                cursor.execute("SELECT set_config(%s, %s, true)", [name, value])
         yield
         if nested:
             with conn.cursor() as cursor:
-                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
+                for name, value in previous.items():
+                    cursor.execute("SELECT set_config(%s, %s, true)", [name, value])
 
 
 def is_timeout(error: BaseException) -> bool:
-    """True for PostgreSQL's "canceling statement due to statement timeout"."""
+    """True for a read cancelled by the statement timeout or refused by the lock timeout."""
     cause = error.__cause__ or error
-    return getattr(cause, "sqlstate", None) == "57014" or "statement timeout" in str(error)
+    return getattr(cause, "sqlstate", None) in {"57014", "55P03"} or "statement timeout" in str(
+        error
+    )

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import pytest
 from django.db import connection
 from django.test import Client
@@ -34,6 +38,14 @@ def test_statement_timeout_turns_a_slow_page_into_a_503(
     assert operator_client.get("/dashboard/workers/").status_code == 200  # the connection recovered
 
 
+@contextmanager
+def transaction_cursor() -> Iterator[Any]:
+    from django.db import transaction
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        yield cursor
+
+
 def _slow_queue_names(limit: int = 1000) -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_sleep(1)")
@@ -50,6 +62,42 @@ def test_bounded_reads_set_the_timeout_in_a_transaction(monkeypatch) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SHOW statement_timeout")
         assert cursor.fetchone()[0] != "1234ms"
+
+
+@postgres_only
+def test_a_read_behind_a_table_lock_gives_up_on_the_lock_not_the_statement(monkeypatch) -> None:
+    """A page never queues behind DDL or a TRUNCATE, nor deadlocks one: the lock timeout ends it."""
+    from django.db import DatabaseError, connections, transaction
+
+    from jobs.independent import independent_connection
+
+    monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "60000")
+    with independent_connection() as other:
+        try:
+            with transaction.atomic(using=other), connections[other].cursor() as cursor:
+                cursor.execute("LOCK TABLE jobs_job IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(DatabaseError) as error, dashdb.bounded_reads():
+                    Job.objects.count()
+        finally:
+            connections[other].close()
+    assert getattr(error.value.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
+    assert dashdb.is_timeout(error.value)  # so the views answer 503
+    with dashdb.bounded_reads():
+        assert Job.objects.count() == 0  # the connection recovered
+
+
+@postgres_only
+def test_nested_bounded_reads_restore_both_limits(monkeypatch) -> None:
+    monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "1234")
+    settings = "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+    with transaction_cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '7s'")
+        cursor.execute("SET LOCAL statement_timeout = '9s'")
+        with dashdb.bounded_reads():
+            cursor.execute(settings)
+            assert cursor.fetchone() == ("1234ms", "500ms")
+        cursor.execute(settings)
+        assert cursor.fetchone() == ("9s", "7s")
 
 
 @postgres_only
