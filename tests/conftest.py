@@ -121,3 +121,34 @@ def start_process(subprocess_env, tmp_path) -> Iterator[Callable[..., Process]]:
     yield start
     for proc in started:
         proc.stop()
+    if started:
+        wait_for_other_sessions_to_finish()  # a killed client's backend ends its statement first
+
+
+def wait_for_other_sessions_to_finish(timeout: float = 5.0) -> None:
+    """Wait (bounded) until no other session of the test database is inside a transaction.
+
+    The teardown's flush (``TRUNCATE``) locks table after table; a
+    transaction of another process that holds one of them and then wants
+    another deadlocks it. Run before the flush.
+    """
+    from django.db import DatabaseError, connection
+
+    if connection.vendor != "postgresql":
+        return
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                    " AND state IN ('active', 'idle in transaction')"
+                )
+                busy = cursor.fetchone()[0]
+        except DatabaseError:  # a test that restarted PostgreSQL: nothing to wait for here
+            return
+        quiet = 0 if busy else quiet + 1
+        if quiet < 2:
+            time.sleep(0.02)

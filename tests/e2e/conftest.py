@@ -21,7 +21,12 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from tests.conftest import FAST_KNOBS, ROOT, database_url_for_subprocess
+from tests.conftest import (
+    FAST_KNOBS,
+    ROOT,
+    database_url_for_subprocess,
+    wait_for_other_sessions_to_finish,
+)
 from tests.integration.dashboard.helpers import make_user
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -185,29 +190,4 @@ def open_page(browser, server, transactional_db) -> Iterator[Callable[..., objec
         assert not page.script_errors, page.script_errors
     for context in contexts:
         context.close()
-    _wait_until_server_is_quiet()
-
-
-def _wait_until_server_is_quiet(timeout: float = 5.0) -> None:
-    """Let daphne's last reads (a relay tick racing the closed sockets) end before the flush.
-
-    The teardown's ``TRUNCATE`` locks table after table; a read transaction
-    that holds one of them and then wants another deadlocks it. Daphne's
-    reads give way after their lock timeout anyway; this makes it rarer.
-    """
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        return
-    deadline = time.monotonic() + timeout
-    quiet = 0
-    while quiet < 2 and time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-                " AND state IN ('active', 'idle in transaction')"
-            )
-            busy = cursor.fetchone()[0]
-        quiet = 0 if busy else quiet + 1
-        time.sleep(0.05)
+    wait_for_other_sessions_to_finish()  # daphne's last reads, racing the closed sockets
