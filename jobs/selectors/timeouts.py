@@ -36,7 +36,8 @@ def bounded_reads(using: str = "default") -> Iterator[None]:
         yield
         return
     ms = int(knob("DASHBOARD_STATEMENT_TIMEOUT_MS"))
-    limits = {"statement_timeout": f"{ms}ms", "lock_timeout": f"{min(ms, READ_LOCK_TIMEOUT_MS)}ms"}
+    lock_ms = min(ms, READ_LOCK_TIMEOUT_MS) if ms > 0 else READ_LOCK_TIMEOUT_MS  # 0: no timeout
+    limits = {"statement_timeout": f"{ms}ms", "lock_timeout": f"{lock_ms}ms"}
     conn = connections[using]
     nested = conn.in_atomic_block
     with transaction.atomic(using=using):
@@ -58,6 +59,6 @@ def bounded_reads(using: str = "default") -> Iterator[None]:
 def is_timeout(error: BaseException) -> bool:
     """True for a read cancelled by the statement timeout or refused by the lock timeout."""
     cause = error.__cause__ or error
-    return getattr(cause, "sqlstate", None) in {"57014", "55P03"} or "statement timeout" in str(
-        error
-    )
+    if getattr(cause, "sqlstate", None) in {"57014", "55P03"}:
+        return True
+    return "statement timeout" in str(error)
