@@ -1,4 +1,4 @@
-# One image for every process of the control plane: web (daphne), workers, reaper.
+# One image for every process of the control plane: web (manage.py serve), workers, reaper.
 FROM python:3.12-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -29,4 +29,4 @@ USER app
 EXPOSE 8000
 
 # The web process; docker-compose.yml runs the workers and the reaper from this image too.
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "controlplane.asgi:application"]
+CMD ["python", "manage.py", "serve", "--host", "0.0.0.0", "--port", "8000"]

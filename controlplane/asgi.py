@@ -1,22 +1,33 @@
-"""ASGI entry point: HTTP (API, dashboard, static files) and WebSockets in one app."""
+"""ASGI entry point: HTTP (API, dashboard, static files) and WebSockets in one app.
+
+``daphne controlplane.asgi:application`` serves it as one process;
+``python manage.py serve`` runs one per core behind one port. Either way a
+process takes its database connections from one bounded pool (set here,
+before the settings load) and runs synchronous views on a fixed set of
+threads (``jobs.web``).
+"""
 
 import os
 
-from django.core.asgi import get_asgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-django_asgi_app = get_asgi_application()
+os.environ.setdefault("CONTROLPLANE_DB_POOL", "1")
+
+import django  # noqa: E402
+
+django.setup()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 from jobs.remote.origin import TokenOrOriginValidator  # noqa: E402
+from jobs.web.dispatch import HttpDispatcher  # noqa: E402
+from jobs.web.lifespan import lifespan  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "http": HttpDispatcher(),
         "websocket": TokenOrOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "lifespan": lifespan,
     }
 )

@@ -8,6 +8,7 @@ Everything an operator changes comes from the environment: ``DATABASE_URL``,
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -45,6 +46,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files from this process: compressed, far-future cache on hashed names.
+    "jobs.web.static.StaticFilesMiddleware",
+    "jobs.web.overload.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -75,9 +79,25 @@ WSGI_APPLICATION = "controlplane.wsgi.application"
 ASGI_APPLICATION = "controlplane.asgi.application"
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+# Web processes (``controlplane.asgi`` sets CONTROLPLANE_DB_POOL=1) take PostgreSQL
+# connections from one bounded pool per process, so a process never holds more
+# than WEB_DB_POOL_SIZE of them, however many clients it serves. Workers and
+# commands keep one persistent connection per thread (their threads are few and fixed).
+DB_POOL = _env_flag("CONTROLPLANE_DB_POOL")
+WEB_THREADS = int(os.environ.get("CONTROLPLANE_WEB_THREADS") or 8)
+WEB_DB_POOL_SIZE = int(os.environ.get("CONTROLPLANE_WEB_DB_POOL_SIZE") or WEB_THREADS + 2)
+WEB_DB_POOL_TIMEOUT_SECONDS = float(os.environ.get("CONTROLPLANE_WEB_DB_POOL_TIMEOUT_SECONDS") or 5)
+
+
 def _database_config() -> dj_database_url.DBConfig:
     url = os.environ.get("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
-    config = dj_database_url.parse(url, conn_max_age=600, conn_health_checks=True)
+    config = dj_database_url.parse(
+        url, conn_max_age=0 if DB_POOL else 600, conn_health_checks=not DB_POOL
+    )
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # WAL lets readers run beside the one writer; IMMEDIATE takes the write
         # lock when a transaction opens, so two workers queue on busy_timeout
@@ -96,6 +116,15 @@ def _database_config() -> dj_database_url.DBConfig:
         }
     else:
         config.setdefault("OPTIONS", {})
+        if DB_POOL:
+            # Named per process, so an operator (and the tests) can count what each holds.
+            config["OPTIONS"]["application_name"] = f"controlplane-web-{os.getpid()}"
+            config["OPTIONS"]["pool"] = {
+                "min_size": min(2, WEB_DB_POOL_SIZE),
+                "max_size": WEB_DB_POOL_SIZE,
+                "timeout": WEB_DB_POOL_TIMEOUT_SECONDS,
+                "name": "controlplane-web",
+            }
         config["TEST"] = {"NAME": os.environ.get("CONTROLPLANE_TEST_DB_NAME")}
     return config
 
@@ -114,7 +143,22 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(os.environ.get("CONTROLPLANE_STATIC_ROOT") or BASE_DIR / "staticfiles")
+# ``manage.py serve`` collects them and sets CONTROLPLANE_STATIC_MANIFEST=1: files are
+# then served under hashed names, compressed, with far-future cache headers.
+# Elsewhere (tests, ``runserver``, plain daphne) WhiteNoise serves them from the
+# apps' folders as they are, with a short cache.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if _env_flag("CONTROLPLANE_STATIC_MANIFEST")
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = True
+# STATIC_ROOT exists only after collectstatic; serving from the finders is the intent before it.
+warnings.filterwarnings("ignore", message="No directory at", module="whitenoise.base")
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/dashboard/"
@@ -125,7 +169,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("CONTROLPLANE_MAX_BODY_BYTES", 
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "jobs.api.authentication.CachedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

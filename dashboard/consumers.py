@@ -16,7 +16,6 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import QueryDict
-from django.utils.dateparse import parse_datetime
 
 from dashboard import detail as detail_reads
 from dashboard import render, selectors
@@ -25,8 +24,22 @@ from dashboard.filters import JobFilters
 from dashboard.permissions import role_of
 from dashboard.relay import LIST_GROUP, SUMMARY_PAGES, Subscription, job_group, page_group, relay
 from jobs.models import Job
+from jobs.selectors import parse_timestamp, parse_uuid
 
 MAX_IDS = 500
+MAX_SEQ = 2**31 - 1  # the seq column is a 32-bit integer on every database
+
+
+def _seq(value: Any) -> int | None:
+    """A seq sent by a client (``after``): 0 when absent, None when it is not a whole number."""
+    if value is None or value == "":
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        return min(MAX_SEQ, max(0, int(value)))
+    except (ValueError, OverflowError):  # "abc", NaN, Infinity
+        return None
 
 
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
@@ -79,10 +92,9 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         page = spec.get("page")
         assert self.role is not None
         if page == "job":
-            try:
-                job_id = uuid.UUID(str(spec.get("job")))
-                after = max(0, int(spec.get("after") or 0))
-            except (ValueError, TypeError):
+            job_id = parse_uuid(spec.get("job"))
+            after = _seq(spec.get("after"))
+            if job_id is None or after is None:
                 return None
             self.cursor = after
             return Subscription(page="job", role=self.role, job_id=job_id, after=after)
@@ -90,16 +102,16 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             ids = spec.get("ids") or []
             if not isinstance(ids, list):
                 return None
-            filters = JobFilters.from_query(QueryDict(str(spec.get("query") or "")))
-            self.newest = (
-                parse_datetime(str(spec.get("newest") or "")) if spec.get("first_page") else None
-            )
+            query = spec.get("query")
+            filters = JobFilters.from_query(QueryDict(query if isinstance(query, str) else ""))
+            self.newest = parse_timestamp(spec.get("newest")) if spec.get("first_page") else None
             self.new_ids = set()
             self.new_base = 0
+            job_ids = (parse_uuid(i) for i in ids[:MAX_IDS])
             return Subscription(
                 page="jobs",
                 role=self.role,
-                ids={str(i) for i in ids[:MAX_IDS]},
+                ids={str(i) for i in job_ids if i is not None},
                 filters=filters,
             )
         if page in SUMMARY_PAGES:
@@ -126,7 +138,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def _catch_up_list(self, rendered_at: Any) -> None:
         """Rows that changed, and new jobs that arrived, since the list was drawn."""
         assert self.sub is not None
-        since = parse_datetime(str(rendered_at or ""))
+        since = parse_timestamp(rendered_at)
         if since is None:
             return
         html, self.new_base = await database_sync_to_async(_list_since)(
@@ -162,7 +174,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if self.newest is not None and (message["new"] or message["many"]):
             filters = self.sub.filters or JobFilters()
             for job in message["new"]:
-                created = parse_datetime(job["created_at"])
+                created = parse_timestamp(job["created_at"])
                 if (
                     created
                     and created > self.newest

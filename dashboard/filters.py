@@ -8,10 +8,9 @@ tell a list page about new jobs without a query per open page.
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,8 +19,9 @@ from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 from django.http import QueryDict
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
+from dashboard.inputs import InvalidJSON, parse_json_object, printable, text_problem
+from jobs.selectors import parse_timestamp
 from jobs.states import Status
 
 RANGES: dict[str, timedelta] = {
@@ -32,16 +32,17 @@ RANGES: dict[str, timedelta] = {
     "7d": timedelta(days=7),
 }
 FIELDS = ("status", "queue", "operation", "parent", "range", "from", "to", "q", "payload")
-
-
-def _parse_time(raw: str) -> datetime | None:
-    """``datetime-local`` values (``2024-05-01T12:30``) and ISO 8601; naive means UTC."""
-    if not raw:
-        return None
-    parsed = parse_datetime(raw.strip())
-    if parsed is None:
-        raise ValueError(raw)
-    return parsed.replace(tzinfo=UTC) if timezone.is_naive(parsed) else parsed
+LABELS = {
+    "status": "status",
+    "queue": "queue",
+    "operation": "operation",
+    "parent": "parent job",
+    "range": "created",
+    "from": "from",
+    "to": "to",
+    "q": "search",
+    "payload": "payload",
+}
 
 
 def json_contains(doc: Any, pattern: Any) -> bool:
@@ -77,12 +78,41 @@ class JobFilters:
     # --- parsing -----------------------------------------------------------
     @classmethod
     def from_query(cls, query: QueryDict) -> JobFilters:
-        """Read the filters from a query string; invalid values are reported, not applied."""
+        """Read the filters from a query string; invalid values are reported, not applied.
+
+        Never raises, whatever the text: each field it cannot read gets a
+        sentence in ``errors`` (shown beside the field) and restricts nothing.
+        Text no database can hold (a NUL, a lone surrogate) is caught here,
+        before any query carries it (``dashboard.inputs``); what is kept in
+        ``raw`` and ``payload_text`` for echoing back is always printable.
+        """
         errors: dict[str, str] = {}
-        statuses = tuple(
-            s for s in (v.strip() for v in query.getlist("status")) if s in Status.values
-        )
-        parent = query.get("parent", "").strip()
+        raw: dict[str, str] = {}
+
+        def text(name: str) -> str:
+            value = query.get(name, "")
+            if not isinstance(value, str):
+                value = ""
+            raw[name] = printable(value)
+            if reason := text_problem(value):
+                errors[name] = f"The {LABELS[name]} filter {reason}; it was not applied."
+                return ""
+            return value.strip()
+
+        statuses: list[str] = []
+        unknown: list[str] = []
+        for value in query.getlist("status"):
+            value = value.strip() if isinstance(value, str) else ""
+            if value in Status.values:
+                statuses.append(value)
+            elif value:
+                unknown.append(printable(value)[:40])
+        if unknown:
+            errors["status"] = (
+                f"Unknown status {', '.join(map(repr, unknown))}; "
+                f"use one of {', '.join(Status.values)}."
+            )
+        parent = text("parent")
         if parent:
             try:
                 parent = str(uuid.UUID(parent))
@@ -91,36 +121,36 @@ class JobFilters:
                 parent = ""
         times: dict[str, datetime | None] = {}
         for name in ("from", "to"):
-            try:
-                times[name] = _parse_time(query.get(name, ""))
-            except ValueError:
+            value = text(name)
+            times[name] = parse_timestamp(value) if value else None
+            if value and times[name] is None:
                 errors[name] = "Use a date and time such as 2025-01-31T14:00."
-                times[name] = None
-        payload_text = query.get("payload", "").strip()
+        payload_text = text("payload")
         payload = None
         if payload_text:
             try:
-                payload = json.loads(payload_text)
-            except ValueError:
-                errors["payload"] = 'Write a JSON object, for example {"account": 42}.'
-            else:
-                if not isinstance(payload, dict) or not payload:
-                    errors["payload"] = 'Write a non-empty JSON object, e.g. {"account": 42}.'
-                    payload = None
-        range_ = query.get("range", "").strip()
+                payload = parse_json_object(payload_text)
+            except InvalidJSON as error:
+                errors["payload"] = str(error)
+        elif "payload" in errors:
+            payload_text = raw["payload"].strip()
+        range_ = text("range")
+        if range_ and range_ not in RANGES:
+            errors["range"] = f"Choose a range from the list: {', '.join(RANGES)}."
+            range_ = ""
         return cls(
-            status=statuses,
-            queue=query.get("queue", "").strip(),
-            operation=query.get("operation", "").strip(),
+            status=tuple(dict.fromkeys(statuses)),
+            queue=text("queue"),
+            operation=text("operation"),
             parent=parent,
-            range=range_ if range_ in RANGES else "",
+            range=range_,
             time_from=times["from"],
             time_to=times["to"],
-            q=query.get("q", "").strip()[:200],
+            q=text("q")[:200].strip(),
             payload_text=payload_text,
             payload=payload,
             errors=errors,
-            raw={k: query.get(k, "") for k in FIELDS if k != "status"},
+            raw=raw,
         )
 
     # --- the URL -----------------------------------------------------------

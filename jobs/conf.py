@@ -21,10 +21,16 @@ DEFAULTS: dict[str, Any] = {
     "POLL_SECONDS": 2.0,
     "POLL_ONLY": False,
     "SHUTDOWN_GRACE_SECONDS": 30.0,
+    # After the grace (or a second signal): how long requeueing the jobs still
+    # running and unregistering may take before the worker exits regardless.
+    "SHUTDOWN_CLEANUP_SECONDS": 5.0,
     "RETRY_BACKOFF_SECONDS": 2.0,
     "RETRY_BACKOFF_MAX_SECONDS": 3600.0,
     "DB_RETRY_INITIAL_SECONDS": 0.5,
     "DB_RETRY_MAX_SECONDS": 30.0,
+    # Runs of one job cut short by a database outage that are requeued without
+    # counting the attempt; the next such run fails it (DatabaseUnavailable).
+    "MAX_OUTAGE_REQUEUES": 3,
     # Reaper.
     "REAPER_INTERVAL_SECONDS": 30.0,
     "REAPER_TIMEOUT_SECONDS": 6 * 3600.0,
@@ -39,6 +45,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     "DASHBOARD_STATEMENT_TIMEOUT_MS": 5000,
     "COUNT_CAP": 10_000,
+    # Web processes: how long a token (with its user and permissions) is remembered.
+    "TOKEN_CACHE_SECONDS": 10.0,
     # Where operations live: modules imported at start-up. Every installed
     # app's ``operations`` module is imported as well.
     "OPERATION_MODULES": ["jobs.diagnostics", "jobs.tasks_backend"],

@@ -32,13 +32,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import fastjsonschema
 import jsonschema
+import re2
+import referencing.exceptions
 
-from jobs.exceptions import JobCancelled, RetryLaterError, UnknownOperation
+from jobs.exceptions import ControlPlaneError, JobCancelled, RetryLaterError, UnknownOperation
+from jobs.storable import MAX_DEPTH, depth_problem, first_unstorable, too_deep
 
 if TYPE_CHECKING:
     from jobs.claims import ClaimedJob
 
 __all__ = [
+    "InvalidPayloadSchema",
     "JobContext",
     "Operation",
     "OperationRegistry",
@@ -46,6 +50,7 @@ __all__ = [
     "RetryLaterError",
     "operation",
     "registry",
+    "schema_problem",
 ]
 
 
@@ -157,8 +162,24 @@ class Operation:
         return self.payload_validator.errors(payload)
 
 
+# --- payload schemas --------------------------------------------------------------
+# The one home of payload validation: local operations' schemas (checked at
+# registration) and remote declarations (checked at ``POST /workers``, a 400)
+# pass the same ``schema_problem``, and every enqueue goes through a
+# ``PayloadValidator``. Schema regexes run on RE2, whose matching time is
+# linear in the text: ``^(a+)+$`` against "aaa…a!" answers at once instead of
+# backtracking for minutes with the whole web process waiting behind it.
+
+# Serialised size and nesting of a payload schema. Real schemas are a few
+# kilobytes and a dozen levels; the depth matches the payloads' own limit and
+# keeps the metaschema check (about five frames a level) far from Python's
+# recursion limit.
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_SCHEMA_DEPTH = MAX_DEPTH
+
 # Keywords that only Draft 2020-12 knows; schemas using them skip the fast path.
-_MODERN_KEYWORDS = (
+# So do schemas with regexes: fastjsonschema would run them on Python's ``re``.
+_SLOW_PATH_WORDS = (
     "prefixItems",
     "dependentRequired",
     "dependentSchemas",
@@ -168,38 +189,259 @@ _MODERN_KEYWORDS = (
     "$dynamicAnchor",
     "minContains",
     "maxContains",
+    "$schema",
+    "pattern",
 )
+# Keywords whose values are instances, not schemas: no pattern there is run.
+_INSTANCE_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+_REFERENCE_KEYWORDS = ("$ref", "$dynamicRef")
+# What may stand beside a "$ref" for the fast path: fastjsonschema reads
+# schemas as draft 7, where a $ref's sibling keywords are ignored; in 2020-12
+# they apply, so a $ref with validating siblings takes the full path.
+_REF_NEIGHBOURS = frozenset(
+    {"$ref", "$defs", "definitions", "$id", "$anchor", "$comment", "title", "description"}
+)
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a refused pattern is the client's error, not a log line
+_RE2_OPTIONS.max_mem = 2 << 20  # a compiled pattern's budget; larger ones are refused
+
+
+class InvalidPayloadSchema(ControlPlaneError, ValueError):
+    """A payload schema that cannot be used; the message says what to change."""
+
+
+@functools.lru_cache(maxsize=512)
+def _regex(pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (``re2.error`` if RE2 cannot run it), cached."""
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+def _search(pattern: str, text: str) -> bool:
+    """Whether ``pattern`` matches somewhere in ``text`` (JSON Schema's ``pattern`` semantics).
+
+    Text that is not valid Unicode (a lone surrogate) matches nothing: no
+    database stores it, and enqueue refuses it before any schema is checked.
+    """
+    try:
+        return _regex(pattern).search(text) is not None
+    except UnicodeEncodeError:
+        return False
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _search(pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, additional: Any, instance: Any, schema: Any) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    extras = [
+        key
+        for key in instance
+        if key not in properties and not any(_search(p, key) for p in patterns)
+    ]
+    if validator.is_type(additional, "object"):
+        for key in extras:
+            yield from validator.descend(instance[key], additional, path=key)
+    elif not additional and extras:
+        listed = ", ".join(repr(key) for key in sorted(extras))
+        if patterns:
+            regexes = ", ".join(repr(p) for p in sorted(patterns))
+            yield jsonschema.ValidationError(
+                f"{listed} {'does' if len(extras) == 1 else 'do'} not match any of the "
+                f"regexes: {regexes}"
+            )
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            yield jsonschema.ValidationError(
+                f"Additional properties are not allowed ({listed} {verb} unexpected)"
+            )
+
+
+# Draft 2020-12 with every regex keyword on RE2. (``unevaluatedProperties``
+# next to ``patternProperties`` would match on Python's ``re``: refused by
+# ``schema_problem``.)
+RE2Draft202012Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    validators={
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties,
+    },
+)
+# The metaschema check without format checks: the "regex" format would
+# compile patterns with Python's ``re``; ``schema_problem`` compiles them with
+# RE2, the engine that runs them, and says why one is refused.
+_NO_FORMATS = jsonschema.FormatChecker(formats=())
+
+
+class _NoRemoteReferences(dict[str, Callable[[str], Any]]):
+    """fastjsonschema's handlers: every URI scheme refused, so compiling never fetches a URL."""
+
+    def __contains__(self, scheme: object) -> bool:
+        return True
+
+    def __getitem__(self, scheme: str) -> Callable[[str], Any]:
+        def refuse(uri: str) -> Any:
+            raise InvalidPayloadSchema(f"The payload schema refers to {uri}, outside itself.")
+
+        return refuse
+
+
+def _schema_nodes(schema: Any) -> list[dict[str, Any]]:
+    """Every object of a schema that may be a (sub)schema, instance keywords skipped."""
+    nodes, stack = [], [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            nodes.append(item)
+            stack.extend(v for k, v in item.items() if k not in _INSTANCE_KEYWORDS)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return nodes
+
+
+def _shorten(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def schema_problem(schema: Any) -> str | None:
+    """Why ``schema`` cannot be a payload schema, as a sentence saying what to change; or None.
+
+    In order, each check protecting the next: storable text and at most
+    ``MAX_SCHEMA_DEPTH`` levels (the later checks recurse), at most
+    ``MAX_SCHEMA_BYTES``, valid Draft 2020-12 (the metaschema), references
+    only to its own parts (nothing is fetched), and patterns RE2 can run.
+    """
+    if not isinstance(schema, dict):
+        return "The payload schema must be a JSON Schema object."
+    found = first_unstorable(schema, "payload_schema", max_depth=MAX_SCHEMA_DEPTH)
+    if found is not None:
+        return f"The payload schema cannot be used: {found[0]} {found[1]}."
+    size = len(json.dumps(schema, ensure_ascii=False).encode())
+    if size > MAX_SCHEMA_BYTES:
+        return (
+            f"The payload schema is {size} bytes of JSON; the limit is {MAX_SCHEMA_BYTES} "
+            "bytes. Move descriptions elsewhere or simplify it."
+        )
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema, format_checker=_NO_FORMATS)
+    except jsonschema.SchemaError as error:
+        where = "".join(f"[{p!r}]" for p in error.absolute_path)
+        return (
+            f"The payload schema is not valid JSON Schema (draft 2020-12): "
+            f"{_shorten(error.message)}{f' at {where}' if where else ''}."
+        )
+    nodes = _schema_nodes(schema)
+    for node in nodes:
+        for keyword in _REFERENCE_KEYWORDS:
+            target = node.get(keyword)
+            if isinstance(target, str) and not target.startswith("#"):
+                return (
+                    f"The payload schema's {keyword} {_shorten(target, 100)!r} points outside "
+                    "the schema; only references to its own parts ('#/$defs/...') are "
+                    "followed. Inline what it refers to."
+                )
+    for node in nodes:
+        patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        if isinstance(node.get("patternProperties"), dict):
+            patterns += list(node["patternProperties"])
+        for pattern in patterns:
+            try:
+                _regex(pattern)
+            except re2.error as error:
+                reason = error.args[0] if error.args else error
+                if isinstance(reason, bytes):
+                    reason = reason.decode(errors="replace")
+                return (
+                    f"The pattern {_shorten(pattern, 100)!r} is not a regular expression RE2 can "
+                    f"run ({reason}). Schema patterns run on RE2, which has no backreferences "
+                    "or lookaround and refuses very large repetitions; rewrite it without them."
+                )
+    keywords = {key for node in nodes for key in node}
+    if {"unevaluatedProperties", "patternProperties"} <= keywords:
+        return (
+            "The payload schema combines unevaluatedProperties with patternProperties, "
+            "which cannot be checked in linear time here; use additionalProperties instead."
+        )
+    return None
+
+
+def _path_order(error: jsonschema.ValidationError) -> list[tuple[bool, Any]]:
+    """Sort key of an error's path that never compares a key with an index."""
+    return [(isinstance(p, str), p) for p in error.path]
 
 
 class PayloadValidator:
-    """A payload schema compiled once.
+    """A payload schema, checked by ``schema_problem`` and compiled once.
 
     Valid payloads (the common case at enqueue) are checked by a compiled
-    fastjsonschema function in about a microsecond; field errors always come
-    from ``jsonschema`` (Draft 2020-12), which has the clearer messages and
-    the final word.
+    fastjsonschema function in about a microsecond when the schema has no
+    regex and no 2020-12-only keyword; field errors always come from
+    ``jsonschema`` (Draft 2020-12, regexes on RE2), which has the clearer
+    messages and the final word. A payload nested deeper than ``MAX_DEPTH``
+    is refused before either runs.
     """
 
     def __init__(self, schema: dict[str, Any]) -> None:
-        jsonschema.Draft202012Validator.check_schema(schema)
+        problem = schema_problem(schema)
+        if problem is not None:
+            raise InvalidPayloadSchema(problem)
         self.schema = schema
-        self._full = jsonschema.Draft202012Validator(schema)
+        self._full = RE2Draft202012Validator(schema)
         self._fast: Callable[[Any], Any] | None = None
-        if not any(k in json.dumps(schema) for k in _MODERN_KEYWORDS):
+        if not any(word in json.dumps(schema) for word in _SLOW_PATH_WORDS) and not any(
+            "$ref" in node and set(node) - _REF_NEIGHBOURS for node in _schema_nodes(schema)
+        ):
             try:
-                self._fast = fastjsonschema.compile(schema)
+                self._fast = fastjsonschema.compile(
+                    schema, handlers=_NoRemoteReferences(), use_formats=False
+                )
             except Exception:  # noqa: BLE001 - anything it cannot compile takes the full path
                 self._fast = None
 
     def errors(self, payload: Any) -> dict[str, list[str]]:
+        """Field errors of ``payload`` (``payload.<path>`` -> messages); empty when valid."""
+        deep = too_deep(payload, "payload")
+        if deep is not None:
+            return {deep: [f"The value {depth_problem()}."]}
         if self._fast is not None:
             try:
                 self._fast(payload)
                 return {}
-            except fastjsonschema.JsonSchemaException:
+            except Exception:  # noqa: BLE001 - the full validator has the final word
                 pass
+        try:
+            found = sorted(self._full.iter_errors(payload), key=_path_order)
+        except RecursionError:
+            return {
+                "payload": [
+                    "The payload could not be checked: the operation's schema refers to "
+                    "itself without reaching the payload's end. Fix the schema's $ref."
+                ]
+            }
+        except referencing.exceptions.Unresolvable as unresolvable:
+            return {
+                "payload": [
+                    f"The payload could not be checked: the operation's schema has a "
+                    f"reference that cannot be resolved ({_shorten(str(unresolvable), 200)})."
+                ]
+            }
         errors: dict[str, list[str]] = {}
-        for error in sorted(self._full.iter_errors(payload), key=lambda e: list(e.path)):
+        for error in found:
             path = "payload" + "".join(f".{p}" for p in error.absolute_path)
             if error.validator == "required":
                 missing = error.message.split("'")[1] if "'" in error.message else ""
@@ -208,9 +450,30 @@ class PayloadValidator:
         return errors
 
 
+@functools.lru_cache(maxsize=256)
+def _validator_for(schema_json: str) -> PayloadValidator | InvalidPayloadSchema:
+    """A validator per distinct schema text (a refusal is remembered too)."""
+    try:
+        return PayloadValidator(json.loads(schema_json))
+    except InvalidPayloadSchema as error:
+        return error
+
+
 def validate_against_schema(payload: Any, schema: dict[str, Any]) -> dict[str, list[str]]:
-    """Field errors of ``payload`` against ``schema`` (empty when valid)."""
-    return PayloadValidator(schema).errors(payload)
+    """Field errors of ``payload`` against ``schema`` (empty when valid).
+
+    A schema that cannot be used (stored before today's checks existed) is
+    the operation's error, named under ``operation``; the job is refused.
+    """
+    validator = _validator_for(json.dumps(schema, sort_keys=True))
+    if isinstance(validator, InvalidPayloadSchema):
+        return {
+            "operation": [
+                f"The operation's payload schema cannot be used: {validator} "
+                "Its workers must declare it again."
+            ]
+        }
+    return validator.errors(payload)
 
 
 class FunctionOperation(Operation):

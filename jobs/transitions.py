@@ -11,7 +11,7 @@ clear exception (``LeaseLost``, ``IllegalTransition``, ``JobNotFound``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -389,6 +389,102 @@ def retry_job_later(
         },
         using=using,
     )
+
+
+OUTAGE_REQUEUE_EVENT = "job.outage_requeue"
+OUTAGE_ERROR_CODE = "DatabaseUnavailable"
+
+OUTAGE_REQUEUES_SPENT_SQL = (
+    f"SELECT COUNT(*) FROM {EVENT_TABLE} WHERE job_id = %s AND event = %s AND seq > COALESCE("
+    f"(SELECT MAX(seq) FROM {EVENT_TABLE} WHERE job_id = %s AND event = 'job.retried'), 0)"
+)
+
+
+def outage_requeues_spent(job_id: uuid.UUID, *, using: str = "default") -> int:
+    """How many ``job.outage_requeue`` the job had since the last operator retry.
+
+    Counted from the timeline (as Protea's reaper counts its lease requeues):
+    the events are the record, and an operator retry gives the full budget back.
+    """
+    d = dialect(using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            OUTAGE_REQUEUES_SPENT_SQL, [d.uuid(job_id), OUTAGE_REQUEUE_EVENT, d.uuid(job_id)]
+        )
+        return int(cursor.fetchone()[0])
+
+
+def requeue_after_outage(
+    job_id: uuid.UUID,
+    *,
+    lease_token: uuid.UUID,
+    cause: str,
+    max_requeues: int,
+    backoff: Callable[[int], float],
+    using: str = "default",
+) -> Status:
+    """A database outage cut the run short: running -> queued, or -> failed past the budget.
+
+    While fewer than ``max_requeues`` outage requeues were spent since the
+    last operator retry, the job goes back to ``queued`` after
+    ``backoff(n)`` seconds (``n`` = this requeue's number, from 1), its
+    attempt not counted, with a ``job.outage_requeue`` event naming the cause.
+    Past the budget it fails with ``DatabaseUnavailable`` (``job.failed``): a
+    database that drops every run of one job is not a passing outage, and
+    retrying without end hides it. Returns the status the job moved to.
+
+    Not ``job.requeued`` (an immediate requeue by a shutdown, a disconnect or
+    an operator) nor ``job.retry_later`` (the operation asked): this one has
+    its own budget, and the timeline should say which it was.
+    """
+    with transaction.atomic(using=using):
+        # Only the lease holder writes these events, so the count cannot move
+        # under us; the UPDATE below is fenced by the token all the same.
+        spent = outage_requeues_spent(job_id, using=using)
+        if spent >= max_requeues:
+            fail_job(
+                job_id,
+                lease_token=lease_token,
+                error_code=OUTAGE_ERROR_CODE,
+                error_message=(
+                    f"The database became unavailable during {spent + 1} runs of this job "
+                    f"(at most {max_requeues} are requeued); the last time: {cause}"
+                ),
+                using=using,
+            )
+            return FAILED
+        number = spent + 1
+        delay = round(max(float(backoff(number)), 0.0), 3)
+        _move_one(
+            job_id,
+            target=QUEUED,
+            sources=(RUNNING,),  # never resurrect a cancelled or failed job
+            lease_token=lease_token,
+            event=Event(
+                OUTAGE_REQUEUE_EVENT,
+                level="warning",
+                message=(
+                    f"The database became unavailable during the run ({cause}); "
+                    f"requeued in {delay:g} s without counting the attempt "
+                    f"({number} of {max_requeues})."
+                ),
+                fields={
+                    "cause": cause,
+                    "delay_seconds": delay,
+                    "outage_requeues": number,
+                    "max_outage_requeues": max_requeues,
+                },
+            ),
+            assign={
+                **CLEAR_LEASE,
+                "attempts": DECREMENT_ATTEMPTS,
+                "run_after": timezone.now() + timedelta(seconds=delay),
+                "worker_id": None,
+                "started_at": None,
+            },
+            using=using,
+        )
+    return QUEUED
 
 
 def requeue_job(

@@ -61,3 +61,30 @@ def defer_after(ctx, payload):
     """Waits without touching the database, then stays running as a deferred job."""
     time.sleep(float(payload.get("seconds", 1)))
     return OperationResult(result={"deferred": True}, deferred=True)
+
+
+class ExactlyOnce(Operation):
+    """The chaos tests' side effect: one ``OperatorAction`` row, committed with the success.
+
+    It emits first (that event commits at once, on its own connection), then
+    sleeps inside its transaction so that ``kill -9`` and
+    ``pg_terminate_backend`` land mid-transaction. A run cut short leaves no
+    row behind, and a run whose lease was lost cannot commit its row either:
+    the success transition in the same transaction is fenced by the lease
+    token. So a job that succeeded owns exactly one row whatever the chaos;
+    two rows would mean the operation's effects committed twice.
+    """
+
+    name = "test.exactly_once"
+    atomic = True
+
+    def execute(self, ctx, payload):
+        from jobs.models import OperatorAction
+
+        ctx.emit("exactly_once.began", attempt=ctx.attempt)
+        OperatorAction.objects.create(action="chaos.side_effect", target=str(ctx.job_id))
+        time.sleep(float(payload.get("seconds", 0)))
+        return {"wrote": True}
+
+
+registry.register(ExactlyOnce)

@@ -23,12 +23,16 @@ class WorkerConfig:
     shutdown_grace_seconds: float = field(
         default_factory=lambda: float(knob("SHUTDOWN_GRACE_SECONDS"))
     )
+    shutdown_cleanup_seconds: float = field(
+        default_factory=lambda: float(knob("SHUTDOWN_CLEANUP_SECONDS"))
+    )
     retry_backoff_seconds: float = field(
         default_factory=lambda: float(knob("RETRY_BACKOFF_SECONDS"))
     )
     retry_backoff_max_seconds: float = field(
         default_factory=lambda: float(knob("RETRY_BACKOFF_MAX_SECONDS"))
     )
+    max_outage_requeues: int = field(default_factory=lambda: int(knob("MAX_OUTAGE_REQUEUES")))
     batch_visibility_seconds: float = field(
         default_factory=lambda: float(knob("BATCH_VISIBILITY_SECONDS"))
     )

@@ -58,7 +58,7 @@ from jobs.operations import OperationRegistry
 from jobs.operations import registry as default_registry
 from workers.batch_runner import MessageFlight, extend_visibility, release_messages, run_message
 from workers.config import WorkerConfig
-from workers.execution import InFlight, JobRunner
+from workers.execution import STOP_SHUTDOWN, InFlight, JobRunner
 from workers.heartbeat import HeartbeatLoop
 from workers.listener import NotifyListener
 from workers.resilience import backoff_delay, is_transient, reset_connection, with_db_retry
@@ -124,7 +124,11 @@ class JobWorker:
         self.config = config
         self.id = uuid.UUID(config.worker_id) if config.worker_id else uuid.uuid4()
         self.wake = threading.Event()
-        self.guard = ShutdownGuard(self.wake)
+        self.guard = ShutdownGuard(
+            self.wake,
+            grace_seconds=config.shutdown_grace_seconds,
+            cleanup_seconds=config.shutdown_cleanup_seconds,
+        )
         self._lock = threading.Lock()
         self._flights: dict[object, Flight] = {}
         self._completions: list[Completion] = []
@@ -134,6 +138,7 @@ class JobWorker:
             self._registry,
             retry_backoff_seconds=config.retry_backoff_seconds,
             retry_backoff_max_seconds=config.retry_backoff_max_seconds,
+            max_outage_requeues=config.max_outage_requeues,
             pre_handle=self.pre_handle,
             post_handle=self.post_handle,
         )
@@ -165,7 +170,14 @@ class JobWorker:
         self._local_operations = tuple(self._registry.names())
         if install_signals:
             self.guard.install()
-        self._register()
+        try:
+            self._register()
+        except Exception:
+            if not self.guard.stopping.is_set():
+                raise
+            log.info("worker.stopped id=%s exit=0 (stopped before it could register)", self.id)
+            self.guard.done()
+            return EXIT_GRACEFUL
         self._pool.start()
         self._heartbeat.start()
         if connection.vendor == "postgresql" and not self.config.poll_only:
@@ -184,6 +196,7 @@ class JobWorker:
             code = self._drain()
         finally:
             self._stop_services(code)
+            self.guard.done()
         log.info("worker.stopped id=%s exit=%d", self.id, code)
         return code
 
@@ -212,11 +225,13 @@ class JobWorker:
             self.wake.wait(self.config.poll_seconds)
 
     def _drain(self) -> int:
-        """Let in-flight work finish within the grace, then requeue what is left."""
-        deadline = self.guard.grace_deadline(self.config.shutdown_grace_seconds)
-        while not self._idle() and time.monotonic() < deadline:
+        """Let in-flight work finish within the grace, then requeue what is left.
+
+        A second signal (``guard.hurry``) moves the grace deadline to now.
+        """
+        while not self._idle() and time.monotonic() < self.guard.grace_deadline():
             self._flush_completions_safely()
-            self.wake.wait(min(0.05, max(deadline - time.monotonic(), 0)))
+            self.wake.wait(min(0.05, max(self.guard.grace_deadline() - time.monotonic(), 0)))
             self.wake.clear()
         self._flush_completions_safely()
         with self._lock:
@@ -224,12 +239,24 @@ class JobWorker:
         if not left:
             return EXIT_GRACEFUL
         for flight in left:
+            if isinstance(flight, InFlight):
+                flight.stop_reason = STOP_SHUTDOWN  # before ``cancel``: the run reads it after
             flight.cancel.set()
         self._requeue_on_shutdown([f for f in left if isinstance(f, InFlight)])
         release_messages([f.message.id for f in left if isinstance(f, MessageFlight)])
         return EXIT_GRACE_RAN_OUT
 
     def _requeue_on_shutdown(self, flights: list[InFlight]) -> None:
+        """Requeue each job still running (``job.requeued``); log what became of each.
+
+        The log line is the job's fate as written, never the run's view of it:
+        the run only saw its cancel event set.
+        """
+        reason = (
+            "worker shutdown: a second signal ended the grace period"
+            if self.guard.hurry.is_set()
+            else "worker shutdown: the grace period ran out"
+        )
         for flight in flights:
             job = flight.job
             try:
@@ -237,17 +264,18 @@ class JobWorker:
                     # partial, not a lambda with a ``job=job`` default: it binds this
                     # job now and mypy can type it.
                     functools.partial(
-                        transitions.requeue_job,
-                        job.id,
-                        lease_token=job.lease_token,
-                        reason="worker shutdown: the grace period ran out",
+                        transitions.requeue_job, job.id, lease_token=job.lease_token, reason=reason
                     ),
                     what="requeue_on_shutdown",
                     attempts=3,
                 )
                 log.warning("job.requeued job_id=%s reason=shutdown", job.id)
-            except LeaseLost:
-                continue
+            except LeaseLost as lost:
+                log.warning(
+                    "job.not_requeued job_id=%s status=%s (finished, cancelled or taken over)",
+                    job.id,
+                    lost.status,
+                )
             except Exception:  # noqa: BLE001 - cannot requeue: force-fail on a fresh connection
                 try:
                     with independent_connection() as alias:
@@ -258,11 +286,16 @@ class JobWorker:
                             error_message="The worker shut down and could not requeue the job.",
                             using=alias,
                         )
+                    log.warning(
+                        "job.failed job_id=%s error_code=WorkerShutdown (could not requeue)", job.id
+                    )
                 except Exception:  # noqa: BLE001 - the lease expires; the reaper takes over
                     log.exception("job.shutdown_unrecorded job_id=%s", job.id)
 
     def _stop_services(self, code: int) -> None:
-        self._heartbeat.stop()
+        # Nothing is held any more, so the heartbeat need not outlive the drain;
+        # it no longer re-registers once stopping (see ``_beat``).
+        self._heartbeat.stop(timeout=1.0)
         if self._listener is not None:
             self._listener.stop()
         try:
@@ -273,6 +306,7 @@ class JobWorker:
 
     # --- registration and heartbeat -------------------------------------------
     def _register(self) -> None:
+        """Create (or refresh) the Worker row, waiting through an outage until told to stop."""
         with_db_retry(
             lambda: Worker.objects.update_or_create(
                 pk=self.id,
@@ -286,7 +320,9 @@ class JobWorker:
                 },
             ),
             what="register",
-            attempts=1000,
+            attempts=1,
+            sleep=self.guard.stopping.wait,
+            give_up=self.guard.stopping.is_set,
         )
 
     def _beat(self) -> None:
@@ -296,7 +332,7 @@ class JobWorker:
         messages = [f.message.id for f in flights if isinstance(f, MessageFlight)]
         lost = extend_leases(worker_id=self.id, held=jobs, lease_seconds=self.config.lease_seconds)
         extend_visibility(messages, self.config.batch_visibility_seconds)
-        if not Worker.objects.filter(pk=self.id).exists():
+        if not self.guard.stopping.is_set() and not Worker.objects.filter(pk=self.id).exists():
             self._register()  # swept while unreachable: come back under the same id
         for job_id in lost:
             with self._lock:

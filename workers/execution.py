@@ -33,9 +33,14 @@ from jobs.exceptions import (
 from jobs.independent import independent_connection
 from jobs.operations import JobContext, Operation, OperationRegistry, OperationResult
 from jobs.storable import first_unstorable, text_problem
-from workers.resilience import is_transient, reset_connection, with_db_retry
+from workers.resilience import describe, is_outage, reset_connection, with_db_retry
 
 log = logging.getLogger("workers")
+
+
+# Why a flight's ``cancel`` was set, when the worker itself set it: the run's
+# log line then says what happened instead of ``job.cancelled``.
+STOP_SHUTDOWN = "shutdown"
 
 
 @dataclass
@@ -43,6 +48,9 @@ class InFlight:
     job: ClaimedJob
     cancel: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
+    # Set before ``cancel`` by the worker (``STOP_SHUTDOWN``); empty when an
+    # operator's cancel or a lost lease stopped the run.
+    stop_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,12 +115,14 @@ class JobRunner:
         *,
         retry_backoff_seconds: float,
         retry_backoff_max_seconds: float,
+        max_outage_requeues: int = 3,
         pre_handle: Callable[[ClaimedJob], None] | None = None,
         post_handle: Callable[[ClaimedJob, str], None] | None = None,
     ) -> None:
         self.registry = registry
         self.retry_backoff_seconds = retry_backoff_seconds
         self.retry_backoff_max_seconds = retry_backoff_max_seconds
+        self.max_outage_requeues = max_outage_requeues
         self.pre_handle = pre_handle
         self.post_handle = post_handle
 
@@ -121,8 +131,11 @@ class JobRunner:
         try:
             outcome = self._run(flight)
         except Exception as error:  # noqa: BLE001 - last line of defence: never stuck in running
-            log.exception("job.record_failed job_id=%s", job.id)
-            outcome = self._fail_fresh(job, "WorkerError", f"{type(error).__name__}: {error}")
+            outcome = self._last_resort(flight, error)
+        if outcome.status == "cancelled" and flight.stop_reason:
+            # The worker stopped the run, nobody cancelled the job: the worker's
+            # own line (``job.requeued`` …) says what became of it.
+            outcome = Outcome("stopped", error=outcome.error)
         # Per-job success lines are DEBUG (CONTROLPLANE_LOG_LEVEL=DEBUG shows them):
         # at thousands of jobs a second they were half the worker's CPU, and the
         # events table records every transition anyway. Other outcomes stay INFO.
@@ -130,13 +143,14 @@ class JobRunner:
         if log.isEnabledFor(level):
             log.log(
                 level,
-                "job.%s job_id=%s operation=%s queue=%s attempt=%d duration_ms=%d",
+                "job.%s job_id=%s operation=%s queue=%s attempt=%d duration_ms=%d%s",
                 outcome.status,
                 job.id,
                 job.operation,
                 job.queue,
                 job.attempt,
                 (time.monotonic() - flight.started) * 1000,
+                f" reason={flight.stop_reason}" if outcome.status == "stopped" else "",
             )
         if self.post_handle is not None:
             try:
@@ -144,6 +158,17 @@ class JobRunner:
             except Exception:  # noqa: BLE001 - hooks must not break the worker
                 log.exception("hook.post_handle_failed job_id=%s", job.id)
         return outcome
+
+    def _last_resort(self, flight: InFlight, error: Exception) -> Outcome:
+        """An error outside the operation (the cancel check, a hook): record it somehow."""
+        job = flight.job
+        if is_outage(error):
+            try:
+                return self._requeue_after_outage(flight, error)
+            except Exception:  # noqa: BLE001 - fall through to a fresh connection
+                pass
+        log.exception("job.record_failed job_id=%s", job.id)
+        return self._fail_fresh(job, "WorkerError", f"{type(error).__name__}: {error}")
 
     def _run(self, flight: InFlight) -> Outcome:
         job = flight.job
@@ -259,15 +284,13 @@ class JobRunner:
             return Outcome("cancelled", error=error)
         if isinstance(error, LeaseLost):
             return Outcome("lease_lost", error=error)
-        if is_transient(error):
-            # A database outage (restart, dropped connection, deadlock) is not the job's
-            # fault: run it again later without counting the attempt, like RetryLaterError.
-            if connection.in_atomic_block is False:
-                reset_connection()
-            delay = backoff_seconds(
-                job.attempt, self.retry_backoff_seconds, self.retry_backoff_max_seconds
-            )
-            error = RetryLaterError(f"the database was unavailable: {error}", delay)
+        if is_outage(error):
+            # The database went away under the operation (restart, dropped
+            # connection): not the job's fault, so the attempt is not counted,
+            # but only a few times (MAX_OUTAGE_REQUEUES). Any other database
+            # error (a statement timeout, a missing table) is the operation's
+            # own and is handled below like any exception.
+            return self._requeue_after_outage(flight, error)
         if isinstance(error, RetryLaterError):
             try:
                 with_db_retry(
@@ -298,6 +321,34 @@ class JobRunner:
             backoff=delay,
             error=error,
         )
+
+    def _requeue_after_outage(self, flight: InFlight, error: BaseException) -> Outcome:
+        """Requeue with backoff (``job.outage_requeue``) or, past the budget, fail the job.
+
+        The write waits through the outage (the job keeps its slot until it is
+        stored, the lease is lost, or the worker stops): that is what frees
+        the job soonest, since the alternative is its lease running out.
+        """
+        job = flight.job
+        if not connection.in_atomic_block:
+            reset_connection()
+        base, cap = self.retry_backoff_seconds, self.retry_backoff_max_seconds
+        try:
+            status = with_db_retry(
+                lambda: transitions.requeue_after_outage(
+                    job.id,
+                    lease_token=job.lease_token,
+                    cause=describe(error),
+                    max_requeues=self.max_outage_requeues,
+                    backoff=lambda number: backoff_seconds(number, base, cap),
+                ),
+                what="outage_requeue",
+                sleep=flight.cancel.wait,
+                give_up=flight.cancel.is_set,
+            )
+        except (LeaseLost, ControlPlaneError):
+            return Outcome("lease_lost", error=error)
+        return Outcome("outage_requeue" if status == "queued" else "failed", error=error)
 
     def _fail(
         self,

@@ -30,9 +30,11 @@ class HeartbeatLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop beating; wait at most ``timeout`` for a beat in progress."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_seconds):

@@ -15,7 +15,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from dashboard import actions
 from dashboard.db import is_timeout, timeout_response
 from dashboard.filters import JobFilters
-from dashboard.views.common import action, base_context
+from dashboard.views.common import action, base_context, refused
 from jobs.exceptions import JobNotFound
 from jobs.selectors import parse_uuid
 
@@ -71,6 +71,16 @@ def bulk(request: HttpRequest) -> HttpResponse:
     and the action in the form.
     """
     filters = JobFilters.from_query(request.GET)
+    if filters.errors:
+        # A filter that is reported and not applied would widen the action to
+        # jobs the operator never meant: refuse instead.
+        query = request.GET.urlencode()
+        return refused(
+            request,
+            filters.errors.values(),
+            heading="The filter could not be read",
+            back=reverse("dashboard:jobs") + (f"?{query}" if query else ""),
+        )
     kind, _, scope = request.POST.get("do", "").partition("-")
     scope = "filter" if scope == "filter" else "selected"
     ids = [i for i in (parse_uuid(v) for v in request.POST.getlist("ids")[:1000]) if i]

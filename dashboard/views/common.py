@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import wraps
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from dashboard.conf import setting
 from dashboard.db import bounded
+from dashboard.inputs import printable, request_problems
 from dashboard.permissions import operator_required, role_of, viewer_required
 from dashboard.security import csp
 
@@ -21,8 +26,52 @@ def page(view: View) -> View:
 
 
 def action(view: View) -> View:
-    """A state-changing POST: login and operator role (CSRF is checked by the middleware)."""
-    return csp(operator_required(view))
+    """A state-changing POST: login, operator role, storable text (CSRF is the middleware's)."""
+    return csp(operator_required(storable_text(view)))
+
+
+def storable_text(view: View) -> View:
+    """Refuse (400) a request whose form or query string holds text no database can store.
+
+    One check for every action, before it runs: a NUL in a queue name, a
+    reason or a bulk action's filter made PostgreSQL's driver fail (a 500)
+    and was stored or matched as sent on SQLite. Both databases now get the
+    same 400 page naming the field, and nothing is written.
+    """
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        problems = request_problems(request.GET, request.POST)
+        if problems:
+            return refused(request, problems.values())
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def refused(
+    request: HttpRequest,
+    problems: Iterable[str],
+    *,
+    heading: str = "That request could not be carried out",
+    back: str | None = None,
+) -> HttpResponse:
+    """The 400 page naming what was wrong with the operator's input; nothing was changed.
+
+    ``back`` defaults to the page the request came from (same host only),
+    or the overview.
+    """
+    if back is None:
+        referer = request.headers.get("Referer", "")
+        safe = url_has_allowed_host_and_scheme(referer, allowed_hosts={request.get_host()})
+        back = printable(referer) if referer and safe else reverse("dashboard:overview")
+    context = {
+        **base_context(request, ""),
+        "heading": heading,
+        "problems": list(problems),
+        "back_url": back,
+    }
+    return render(request, "dashboard/refused.html", context, status=400)
 
 
 def base_context(request: HttpRequest, nav: str) -> dict[str, Any]:

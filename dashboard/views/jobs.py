@@ -8,7 +8,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from dashboard import detail as detail_reads
 from dashboard import render as fragments
@@ -19,7 +18,7 @@ from dashboard.permissions import role_of
 from dashboard.views.common import base_context, no_store, page
 from jobs.models import Job, RemoteOperation
 from jobs.operations import registry
-from jobs.selectors import InvalidFilter, parse_uuid
+from jobs.selectors import InvalidFilter, parse_timestamp, parse_uuid
 
 
 def _list_context(request: HttpRequest) -> dict:
@@ -66,7 +65,7 @@ def job_list_live(request: HttpRequest) -> HttpResponse:
     ids = [i for i in (parse_uuid(v) for v in request.GET.get("ids", "").split(",")[:200]) if i]
     role = role_of(request.user)
     html = fragments.rows_oob(selectors.job_rows(ids), role)
-    newest = parse_datetime(request.GET.get("newest", "") or "")
+    newest = parse_timestamp(request.GET.get("newest"))
     if newest is not None:
         filters = JobFilters.from_query(request.GET)
         fresh = capped_count(filters.apply(Job.objects.filter(created_at__gt=newest)), limit=999)

@@ -15,6 +15,7 @@ never calls ``handler404``).
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -33,6 +34,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from jobs.api.parsers import body_limit, too_large
 from jobs.exceptions import EnqueueError, IllegalTransition, JobNotFound, LeaseLost
 from jobs.selectors import InvalidFilter
+from jobs.web.overload import response_for_unavailable
 
 logger = logging.getLogger("jobs.api")
 
@@ -57,8 +59,32 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     return {prefix or "non_field_errors": [str(detail)]}
 
 
+def _renderable(text: str) -> str:
+    """``text`` with lone surrogates written as ``\\udxxx``, so the JSON renderer can encode it.
+
+    DRF's messages quote what the client sent (an unknown field's name, a
+    choice, a UUID); a lone surrogate there (JSON ``"\\ud800"``) made the
+    renderer's UTF-8 encoding fail and turned a 400 into a 500.
+    """
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
 def error_body(message: str, errors: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    return {"message": message, "errors": errors or {}}
+    """The one error shape, every string in it encodable whatever the client sent."""
+    return {
+        "message": _renderable(str(message)),
+        "errors": {
+            _renderable(str(field)): [
+                _renderable(str(m))
+                for m in (messages if isinstance(messages, list | tuple) else [messages])
+            ]
+            for field, messages in (errors or {}).items()
+        },
+    }
 
 
 def error_response(message: str, code: int, errors: dict[str, list[str]] | None = None) -> Response:
@@ -156,7 +182,14 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
-    """An unexpected error under the API answers JSON without a traceback."""
+    """An unexpected error under the API answers JSON without a traceback.
+
+    A full connection pool or database met before any view ran (a session
+    read in middleware) is no bug: that is a 503 with Retry-After.
+    """
+    unavailable = response_for_unavailable(request, sys.exc_info()[1])
+    if unavailable is not None:
+        return unavailable
     if is_api_path(request.path):
         return JsonResponse(
             error_body("The server failed to handle this request; the error has been logged."),

@@ -6,12 +6,12 @@ views (``jobs.api.views``), which hand those methods to ``remote_views``.
 
 from django.urls import re_path
 
-from jobs.api import remote_views
+from jobs.api import claim_view, remote_views
 
 urlpatterns = [
     re_path(
         r"^workers/(?P<worker_id>[^/]+)/claim/?$",
-        remote_views.ClaimView.as_view(),
+        claim_view.ClaimView.as_view(),
         name="worker-claim",
     ),
     re_path(

@@ -27,6 +27,8 @@ from jobs.claims import ClaimedJob
 from jobs.conf import knob
 from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
 from jobs.models import Worker
+from jobs.operations import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
+from jobs.storable import MAX_DEPTH
 
 PERMISSION = "jobs.run_remote_jobs"
 
@@ -94,10 +96,17 @@ def _job_id(value: Any) -> uuid.UUID:
 class RegisterBody(serializers.Serializer):
     name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
     queues = serializers.ListField(child=serializers.CharField(max_length=200), required=False)
-    operations = serializers.JSONField()
+    operations = serializers.JSONField(
+        help_text="Operation names, or declarations {name, queue?, payload_schema?, "
+        "max_attempts?}. A payload_schema is JSON Schema 2020-12 of at most "
+        f"{MAX_SCHEMA_BYTES} bytes and {MAX_SCHEMA_DEPTH} levels; its $refs stay inside it "
+        "and its patterns run on RE2 (no backreferences or lookaround)."
+    )
     concurrency = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=1)
     hostname = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    pid = serializers.IntegerField(required=False, allow_null=True, default=None)
+    pid = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=2**31 - 1
+    )
 
 
 class HeldJob(serializers.Serializer):
@@ -106,7 +115,17 @@ class HeldJob(serializers.Serializer):
 
 
 class HeartbeatBody(serializers.Serializer):
-    held = HeldJob(many=True, required=False, allow_null=True, default=None)
+    # A ListField of HeldJob, not HeldJob(many=True): ``allow_null`` on a
+    # many=True serializer reaches its items too, and ``[null]`` then came
+    # through as a held job (a TypeError, a 500).
+    held = serializers.ListField(
+        child=HeldJob(),
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=10_000,
+        help_text="The jobs the worker runs, each {id, lease_token}; null: the server's view.",
+    )
 
 
 class ClaimBody(serializers.Serializer):
@@ -119,12 +138,23 @@ class EventBody(serializers.Serializer):
     event = serializers.CharField(max_length=200)
     message = serializers.CharField(required=False, allow_blank=True, default="")
     level = serializers.ChoiceField(choices=["info", "warning", "error"], default="info")
-    fields = serializers.DictField(required=False, default=dict)
+    fields = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text=f"At most {MAX_DEPTH} levels deep; _progress_current and _progress_total "
+        "are whole numbers from 0 to 2147483647.",
+    )
 
 
 class CompleteBody(serializers.Serializer):
     lease_token = serializers.CharField()
-    result = serializers.JSONField(required=False, allow_null=True, default=None)
+    result = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=f"Any JSON value at most {MAX_DEPTH} levels deep, with no NUL character "
+        "or lone surrogate in any string.",
+    )
     deferred = serializers.BooleanField(required=False, default=False)
 
 
@@ -211,7 +241,7 @@ def disconnect_worker(request: Request, worker_id: Any) -> Response:  # DELETE /
 @remote_endpoint
 def post_event(request: Request, job_id: Any) -> Response:  # POST /jobs/<id>/events
     body = _body(request, EventBody)
-    seq = remote.post_event(job_id=_job_id(job_id), **body)
+    seq = remote.post_event(job_id=_job_id(job_id), user=request.user, **body)
     return Response({"job": str(job_id), "seq": seq}, status=status.HTTP_201_CREATED)
 
 
@@ -222,20 +252,6 @@ class RemoteView(APIView):
     permission_classes = [CanRunRemoteJobs]
 
 
-class ClaimView(RemoteView):
-    """POST /workers/<id>/claim ``{limit?, wait?}`` -> ``{"jobs": [...]}``."""
-
-    @staticmethod
-    @remote_endpoint
-    def _claim(request: Request, worker_id: str) -> Response:
-        body = _body(request, ClaimBody) if request.data else {}
-        jobs = remote.claim(worker_id=worker_id, user=request.user, **body)
-        return Response({"jobs": [claimed_json(job) for job in jobs]})
-
-    def post(self, request: Request, worker_id: str) -> Response:
-        return self._claim(request, worker_id)
-
-
 class CompleteView(RemoteView):
     """POST /jobs/<id>/complete ``{lease_token, result?, deferred?}``."""
 
@@ -243,7 +259,7 @@ class CompleteView(RemoteView):
     @remote_endpoint
     def _complete(request: Request, job_id: str) -> Response:
         body = _body(request, CompleteBody)
-        moved = remote.complete(job_id=_job_id(job_id), **body)
+        moved = remote.complete(job_id=_job_id(job_id), user=request.user, **body)
         return Response({"id": str(job_id), "status": moved.value})
 
     def post(self, request: Request, job_id: str) -> Response:
@@ -257,7 +273,7 @@ class FailView(RemoteView):
     @remote_endpoint
     def _fail(request: Request, job_id: str) -> Response:
         body = _body(request, FailBody)
-        moved = remote.fail(job_id=_job_id(job_id), **body)
+        moved = remote.fail(job_id=_job_id(job_id), user=request.user, **body)
         return Response({"id": str(job_id), "status": moved.value})
 
     def post(self, request: Request, job_id: str) -> Response:

@@ -82,7 +82,7 @@ class SchemaDocsView(SpectacularSwaggerView):
 
 
 # --- the remote workers' own routes ------------------------------------------------
-# ``jobs.api.remote_views`` owns claim, complete and fail; until those views
+# ``jobs.api.remote_views`` owns complete and fail; until those views
 # carry their own ``extend_schema``, these extensions describe them from the
 # body serializers they validate with, so /schema lists every route.
 
@@ -129,14 +129,6 @@ def _remote_post_extension(
 _JOB_ID = OpenApiParameter("job_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 _WORKER_ID = OpenApiParameter("worker_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 REMOTE_ROUTE_SCHEMAS = [
-    _remote_post_extension(
-        "ClaimView",
-        "workers_claim",
-        "Remote worker: claim jobs",
-        "ClaimBody",
-        _WORKER_ID,
-        "ClaimResultSerializer",
-    ),
     _remote_post_extension(
         "CompleteView",
         "jobs_complete",

@@ -13,7 +13,8 @@ from typing import Any
 from rest_framework import serializers
 
 from jobs.models import Job, JobEvent
-from jobs.selectors import STATES, unstorable_text
+from jobs.selectors import STATES
+from jobs.storable import MAX_DEPTH, first_unstorable
 
 
 class StrictSerializer(serializers.Serializer):
@@ -113,7 +114,10 @@ class JobPageSerializer(serializers.Serializer):
 class EnqueueSerializer(StrictSerializer):
     operation = serializers.CharField(max_length=200)
     payload = serializers.JSONField(
-        required=False, help_text="A JSON object checked against the operation's schema."
+        required=False,
+        help_text="A JSON object checked against the operation's schema; at most "
+        f"{MAX_DEPTH} levels of nested objects and arrays, with no NUL character or "
+        "lone surrogate in any string.",
     )
     queue = serializers.CharField(required=False, allow_null=True, max_length=200)
     priority = serializers.IntegerField(
@@ -126,9 +130,11 @@ class EnqueueSerializer(StrictSerializer):
     idempotency_key = serializers.CharField(required=False, allow_null=True, max_length=255)
 
     def validate_payload(self, value: Any) -> Any:
-        reason = unstorable_text(value)
-        if reason:
-            raise serializers.ValidationError(reason)
+        """Refuse what no database stores, and nesting past ``MAX_DEPTH`` (the walk is a loop:
+        a payload a thousand levels deep is a 400 here, not a ``RecursionError``)."""
+        found = first_unstorable(value, "payload")
+        if found is not None:
+            raise serializers.ValidationError(f"The value at {found[0]} {found[1]}.")
         return value
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from jobs.exceptions import ControlPlaneError
 
 
@@ -25,4 +27,27 @@ class WorkerNotFound(RemoteRequestError):
         super().__init__(
             f"No remote worker with id {worker_id} is registered for you (it disconnected or "
             "was swept after missing heartbeats); register again with POST /workers."
+        )
+
+
+class LeaseNotYours(RemoteRequestError):
+    """The lease token is the job's current one, but another account's worker claimed the job.
+
+    A token alone is not enough: it may have leaked (a log, a proxy), and
+    with it any remote-worker account could finish or fail someone else's
+    job. Only the account that registered the claiming worker may report on
+    the job or extend its lease. Nothing is changed.
+    """
+
+    status_code = 403
+
+    def __init__(self, job_ids: Sequence[object]) -> None:
+        named = ", ".join(str(i) for i in job_ids)
+        noun = "Job" if len(job_ids) == 1 else "Jobs"
+        super().__init__(
+            f"{noun} {named} {'was' if len(job_ids) == 1 else 'were'} claimed by a worker "
+            "another account registered; only that account may report on "
+            f"{'it' if len(job_ids) == 1 else 'them'} or extend the lease. Claim jobs with "
+            "this account's own worker.",
+            {"lease_token": ["This lease belongs to a worker of another account."]},
         )

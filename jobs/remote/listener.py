@@ -95,12 +95,16 @@ class Listener:
             self._stopping.wait(RETRY_SECONDS)
 
     def _listen(self) -> None:
-        wrapper = connections.create_connection(self.using)
-        wrapper.ensure_connection()
-        conn: Any = wrapper.connection
+        # A connection of its own, outside Django's pool: LISTEN needs the
+        # same session for as long as the process lives.
+        import psycopg
+
+        params = connections[self.using].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        conn = psycopg.connect(**params, autocommit=True)
         listening: set[str] = set()
         try:
-            conn.autocommit = True
             self.connections += 1
             first = True
             while not self._stopping.is_set():
@@ -122,7 +126,7 @@ class Listener:
                 conn.execute("SELECT 1")  # a health check while idle
         finally:
             self.connected.clear()
-            wrapper.close()
+            conn.close()
 
 
 def _safely(callback: Callable[..., None], *args: Any) -> None:

@@ -1,17 +1,24 @@
 """One wake-up source per web process: "a job may be claimable on queue Q".
 
-Long-polling claims (sync view threads) and worker WebSockets (Channels
-consumers) both wait for the same signal, so each web process runs a single
-relay thread rather than one listener per request or per socket:
+Long-polling claims (async views, parked on the event loop) and worker
+WebSockets (Channels consumers) both wait for the same signal, so each web
+process runs a single relay rather than one listener per request or socket:
 
 * on PostgreSQL it subscribes to ``jobs.enqueue.NOTIFY_CHANNEL`` (enqueue
   sends the queue name at commit) on the process's shared LISTEN connection
-  (``jobs.remote.listener``, also used by the dashboard relay);
+  (``jobs.remote.listener``, also used by the dashboard relay), and every
+  ``POLL_SECONDS`` it also wakes parked claims (jobs whose ``run_after`` came
+  due send no notification);
 * on SQLite it polls one cheap aggregate (every ``POLL_SECONDS``, at most
   0.5 s) and signals a queue when its claimable count or newest ``run_after`` grew.
 
-The signal is only a hint: waiters claim from the table, and every waiter
-also wakes on its own timeout, so a lost notification costs latency, never a job.
+Parked claims are woken one at a time (a *wake round*), not all at once: a
+thousand remote workers waiting on one queue and one new job must cost one
+or two claim attempts, not a thousand. The woken claim tries; if it got
+jobs it passes the round on (there may be more), and if it got none, no
+other claim of the same kind (same queues and operations) is woken by this
+round. The signal is only a hint: a claim that is never woken answers empty
+when its ``wait`` is up, and the client asks again.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import close_old_connections
@@ -46,31 +54,92 @@ def queue_group(queue: str) -> str:
     return GROUP_PREFIX + "h" + hashlib.sha1(queue.encode()).hexdigest()[:20]
 
 
+@dataclass(eq=False)
+class WakeRound:
+    """One wake-up, handed from parked claim to parked claim until it finds nothing."""
+
+    queues: frozenset[str]
+    exhausted: set[Hashable] = field(default_factory=set)  # kinds that found nothing
+
+
+@dataclass(eq=False)
+class Waiter:
+    queues: frozenset[str]
+    kind: Hashable
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[WakeRound]
+    wake: WakeRound | None = None  # the round that reached it
+
+
+def _resolve(future: asyncio.Future[WakeRound], wake: WakeRound) -> None:
+    if not future.done():
+        future.set_result(wake)
+
+
 class Relay:
-    """Fans queue wake-ups out to waiting threads and to Channels groups."""
+    """Wakes parked claims (one at a time) and pushes to Channels groups."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiters: list[tuple[frozenset[str], threading.Event]] = []
+        self._waiters: list[Waiter] = []
         self._groups: Counter[str] = Counter()  # queue -> subscribed sockets
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._seen: dict[str, tuple[int, datetime | None]] = {}
         self._started = False
 
-    # --- subscribers --------------------------------------------------------
+    # --- parked claims ------------------------------------------------------
 
-    def wait(self, queues: Iterable[str], timeout: float) -> bool:
-        """Block up to ``timeout`` seconds for a wake-up on any of ``queues``."""
+    async def wait(self, queues: Iterable[str], kind: Hashable, timeout: float) -> WakeRound | None:
+        """Park until a wake round reaches this claim, or ``timeout`` seconds pass (None).
+
+        The caller tries to claim and then reports with ``finished``; if it is
+        cancelled before it can, the round goes on without it.
+        """
         self.ensure_started()
-        entry = (frozenset(queues), threading.Event())
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(frozenset(queues), kind, loop, loop.create_future())
         with self._lock:
-            self._waiters.append(entry)
+            self._waiters.append(waiter)
+        delivered = False
         try:
-            return entry[1].wait(max(0.0, timeout))
+            wake = await asyncio.wait_for(waiter.future, max(0.0, timeout))
+            delivered = True
+            return wake
+        except TimeoutError:
+            return None
         finally:
             with self._lock:
-                self._waiters.remove(entry)
+                self._waiters.remove(waiter)
+                if waiter.wake is not None and not delivered:
+                    # Reached by a round it can no longer serve (timed out, client gone).
+                    self._wake_next(waiter.wake)
+            waiter.future.cancel()
+
+    def finished(self, wake: WakeRound, kind: Hashable, *, claimed: bool | None) -> None:
+        """A woken claim tried: pass the round on (``claimed=None``: it could not try)."""
+        with self._lock:
+            if claimed is False:
+                wake.exhausted.add(kind)
+            self._wake_next(wake)
+
+    def _wake_next(self, wake: WakeRound) -> None:
+        for waiter in self._waiters:
+            if waiter.wake is not None or waiter.future.done():
+                continue  # already reached by a round (this one or another)
+            if not (waiter.queues & wake.queues) or waiter.kind in wake.exhausted:
+                continue
+            waiter.wake = wake
+            if not waiter.loop.is_closed():
+                waiter.loop.call_soon_threadsafe(_resolve, waiter.future, wake)
+            return
+
+    def wake(self, queues: Iterable[str]) -> None:
+        """Start a wake round among the claims parked on any of ``queues``."""
+        queues = frozenset(queues)
+        if queues:
+            with self._lock:
+                self._wake_next(WakeRound(queues))
 
     def subscribe_groups(self, queues: Iterable[str], loop: asyncio.AbstractEventLoop) -> None:
         """Count a socket's interest in ``queues``; its consumer joins the groups itself."""
@@ -86,19 +155,25 @@ class Relay:
 
     def subscribed_queues(self) -> set[str]:
         with self._lock:
-            return set(self._groups) | {q for queues, _ in self._waiters for q in queues}
+            return set(self._groups) | self._waiting_queues()
+
+    def _waiting_queues(self) -> set[str]:
+        return {q for waiter in self._waiters for q in waiter.queues}
+
+    def waiting(self) -> int:
+        """How many claims are parked in this process (tests, diagnostics)."""
+        with self._lock:
+            return len(self._waiters)
 
     # --- fan-out ------------------------------------------------------------
 
     def publish(self, queues: Iterable[str]) -> None:
-        """Wake everyone waiting on any of ``queues`` (called by the relay thread, or tests)."""
+        """A job may be claimable on ``queues``: wake a parked claim, push to sockets."""
         queues = set(queues)
         if not queues:
             return
+        self.wake(queues)
         with self._lock:
-            for interest, event in self._waiters:
-                if interest & queues:
-                    event.set()
             loop = self._loop
             pushed = [q for q in queues if self._groups.get(q)]
         if loop is not None and pushed and not loop.is_closed():
@@ -126,9 +201,12 @@ class Relay:
         if listener.available:
             from jobs.enqueue import NOTIFY_CHANNEL
 
-            # Anything enqueued while the connection was down is found by the waiters' own polls.
-            listener.subscribe(NOTIFY_CHANNEL, lambda queue: self.publish({queue}))
-            return
+            # After a reconnection, whatever was enqueued meanwhile: wake everyone's queues.
+            listener.subscribe(
+                NOTIFY_CHANNEL,
+                lambda queue: self.publish({queue}),
+                on_connect=lambda: self.publish(self.subscribed_queues()),
+            )
         with self._lock:
             self._thread = threading.Thread(target=self._run, name="remote-relay", daemon=True)
             self._thread.start()
@@ -143,7 +221,15 @@ class Relay:
                 time.sleep(min(5.0, float(knob("POLL_SECONDS"))))
 
     def _poll_forever(self) -> None:
-        # One cheap aggregate per web process, so it can afford to look often.
+        if listener.available:
+            # NOTIFY covers enqueues; this covers jobs that came due (run_after,
+            # retry backoff) with no notification: a round per tick, no query here.
+            while True:
+                time.sleep(float(knob("POLL_SECONDS")))
+                with self._lock:
+                    queues = self._waiting_queues()
+                self.wake(queues)
+        # SQLite: one cheap aggregate per web process, so it can afford to look often.
         while True:
             self.poll_once()
             time.sleep(min(float(knob("POLL_SECONDS")), RELAY_POLL_MAX_SECONDS))

@@ -3,14 +3,20 @@
 Every write on a held job is fenced by its ``lease_token``: the transition
 functions match on it, so a worker whose lease was lost (requeued, reaped,
 claimed by someone else, cancelled) gets ``LeaseLost``/``JobCancelled``
-(409 at the API) and changes nothing.
+(409 at the API) and changes nothing. The token is also bound to the account
+whose worker claimed the job: the same token from another account is
+``LeaseNotYours`` (403), so a leaked token cannot finish someone else's job.
+What a report would store is checked first (``jobs.storable``): text no
+database holds, nesting past ``MAX_DEPTH`` and progress outside the integer
+columns are a 400 before any write.
 """
 
 from __future__ import annotations
 
 import random
-import time
 import uuid
+from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -19,13 +25,13 @@ from django.utils import timezone
 from jobs.claims import ClaimedJob, claim_jobs
 from jobs.conf import knob
 from jobs.models import Job, Queue, QueueKind, Worker
-from jobs.remote.errors import RemoteRequestError, WorkerNotFound
-from jobs.remote.relay import relay
-from jobs.remote.workers import get_remote_worker
+from jobs.remote.errors import LeaseNotYours, RemoteRequestError
+from jobs.remote.workers import get_remote_worker, held_by_other_accounts
 from jobs.states import CANCELLED, RUNNING, Status
+from jobs.storable import text_problem, unstorable_fields
 from jobs.transitions import cancel_jobs, complete_job, emit_event, fail_job
 
-# A long-poll never holds a request (and its thread) longer than this.
+# A long-poll never parks longer than this.
 MAX_WAIT_SECONDS = 30.0
 MAX_CLAIM_LIMIT = 100
 
@@ -43,11 +49,16 @@ RESERVED_EVENTS = frozenset(
         "job.requeued",
         "job.lease_expired_requeue",
         "job.lease_expired",
+        "job.outage_requeue",
         "job.timeout",
         "job.retried",
     }
 )
 LEVELS = ("info", "warning", "error")
+# ``_progress_current``/``_progress_total`` land in integer columns (32-bit on
+# PostgreSQL); a value outside them was a 500 there.
+PROGRESS_MAX = 2**31 - 1
+INVALID = "The request is invalid: fix the fields named in 'errors'."
 
 
 # --- claim ----------------------------------------------------------------------
@@ -108,31 +119,36 @@ def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
     return claimed
 
 
-def claim(
-    *, worker_id: uuid.UUID | str, user: Any, limit: int = 1, wait: float = 0.0
-) -> list[ClaimedJob]:
-    """Claim and start up to ``limit`` jobs, waiting up to ``wait`` seconds for one.
+@dataclass(frozen=True)
+class ClaimAttempt:
+    """What one claim attempt found, and what a parked long-poll needs to try again."""
 
-    ``limit`` is capped by the worker's concurrency, ``wait`` by
-    ``MAX_WAIT_SECONDS``. While waiting, the request sleeps on the process's
-    relay (NOTIFY or a cheap poll) and in any case re-checks every
-    ``POLL_SECONDS``, so the wait is bounded and no job is missed.
+    worker_id: uuid.UUID
+    limit: int
+    jobs: list[ClaimedJob]
+    queues: frozenset[str]
+    kind: Hashable  # claims of the same kind find the same jobs (see jobs.remote.relay)
+
+
+def claim(*, worker_id: uuid.UUID | str, user: Any, limit: int = 1) -> ClaimAttempt:
+    """Claim and start up to ``limit`` jobs for a remote worker, now, without waiting.
+
+    ``limit`` is capped by the worker's concurrency. The long-poll around it
+    (``wait``) is the view's: it parks on the process's relay between
+    attempts (``jobs.api.claim_view``), holding no thread and no connection.
     """
     worker = get_remote_worker(worker_id, user=user)
     limit = max(1, min(int(limit or 1), worker.concurrency, MAX_CLAIM_LIMIT))
-    deadline = time.monotonic() + max(0.0, min(float(wait or 0), MAX_WAIT_SECONDS))
-    poll = max(0.05, float(knob("POLL_SECONDS")))
-    while True:
-        jobs = _runnable(_claim_once(worker, limit))
-        if jobs:
-            Worker.objects.filter(pk=worker.pk).update(last_heartbeat=timezone.now())
-            return jobs
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return []
-        relay.wait(worker.queues, min(remaining, poll))
-        if not Worker.objects.filter(pk=worker.pk).exists():
-            raise WorkerNotFound(worker.pk)
+    jobs = _runnable(_claim_once(worker, limit))
+    if jobs:
+        Worker.objects.filter(pk=worker.pk).update(last_heartbeat=timezone.now())
+    return ClaimAttempt(
+        worker_id=worker.pk,
+        limit=limit,
+        jobs=jobs,
+        queues=frozenset(worker.queues),
+        kind=(tuple(sorted(worker.queues)), tuple(sorted(worker.operations))),
+    )
 
 
 def _runnable(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
@@ -161,9 +177,28 @@ def _token(value: Any) -> uuid.UUID:
         return uuid.UUID(str(value))
     except (ValueError, TypeError):
         raise RemoteRequestError(
-            "The request is invalid: fix the fields named in 'errors'.",
-            {"lease_token": ["Give the lease_token the claim returned."]},
+            INVALID, {"lease_token": ["Give the lease_token the claim returned."]}
         ) from None
+
+
+def _held_token(job_id: uuid.UUID, lease_token: Any, user: Any) -> uuid.UUID:
+    """The lease token, once it is known the caller's account may use it on this job.
+
+    ``LeaseNotYours`` (403) when the token is current but the job was claimed
+    by a worker of another account; a stale token passes here and meets the
+    fenced write (409), as before.
+    """
+    token = _token(lease_token)
+    if held_by_other_accounts([(job_id, token)], user=user):
+        raise LeaseNotYours([job_id])
+    return token
+
+
+def _refuse_unstorable(refusal: str, **values: Any) -> None:
+    """``RemoteRequestError`` naming each value no database can store (NUL, surrogate, depth)."""
+    errors = unstorable_fields(values)
+    if errors:
+        raise RemoteRequestError(refusal, errors)
 
 
 def post_event(
@@ -174,11 +209,15 @@ def post_event(
     message: str = "",
     level: str = "info",
     fields: dict[str, Any] | None = None,
+    user: Any,
 ) -> int:
     """Append an event to a held job's timeline; return its seq.
 
-    ``_progress_current``/``_progress_total`` in ``fields`` move the job's progress.
+    ``_progress_current``/``_progress_total`` in ``fields`` move the job's
+    progress: whole numbers from 0 to ``PROGRESS_MAX``. The job must have
+    been claimed by a worker of ``user``'s account (403 otherwise).
     """
+    refused = "The event was not written: fix the fields named in 'errors'."
     errors: dict[str, list[str]] = {}
     if not isinstance(event, str) or not event.strip() or len(event) > 200:
         errors["event"] = ["The event name must be a non-empty string of at most 200 characters."]
@@ -186,30 +225,38 @@ def post_event(
         errors["event"] = [
             f"{event!r} is written by the control plane itself; choose another name."
         ]
+    elif reason := text_problem(event):
+        errors["event"] = [f"The event name {reason}."]
     if level not in LEVELS:
         errors["level"] = [f"The level must be one of {', '.join(LEVELS)}."]
     if fields is not None and not isinstance(fields, dict):
         errors["fields"] = ["fields must be a JSON object."]
     for key in ("_progress_current", "_progress_total"):
-        value = (fields or {}).get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            errors[f"fields.{key}"] = [f"{key} must be a whole number."]
+        value = (fields or {}).get(key) if isinstance(fields, dict) else None
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= PROGRESS_MAX
+        ):
+            errors[f"fields.{key}"] = [f"{key} must be a whole number from 0 to {PROGRESS_MAX}."]
     if errors:
-        raise RemoteRequestError(
-            "The event was not written: fix the fields named in 'errors'.", errors
-        )
+        raise RemoteRequestError(refused, errors)
+    _refuse_unstorable(refused, message=message or "", fields=fields or {})
     return emit_event(
         job_id,
         event=event,
         message=message or "",
         level=level,
         fields=fields or {},
-        lease_token=_token(lease_token),
+        lease_token=_held_token(job_id, lease_token, user),
     )
 
 
 def complete(
-    *, job_id: uuid.UUID, lease_token: Any, result: Any = None, deferred: bool = False
+    *,
+    job_id: uuid.UUID,
+    lease_token: Any,
+    result: Any = None,
+    deferred: bool = False,
+    user: Any,
 ) -> Status:
     """running -> succeeded; or, ``deferred``, stay running, still held by this worker.
 
@@ -219,8 +266,14 @@ def complete(
     or ``fail``. The engine's batch machinery may also close it (a fan-out
     parent). If heartbeats stop, the lease expires and the reaper rescues it
     like any running job; a graceful disconnect requeues it.
+
+    A ``result`` no database can store is refused (400) before anything is
+    written: the job stays running and its lease is still good.
     """
-    token = _token(lease_token)
+    _refuse_unstorable(
+        "The job was not completed: fix the fields named in 'errors'.", result=result
+    )
+    token = _held_token(job_id, lease_token, user)
     if deferred:
         defer_held_job(job_id, lease_token=token, result=result)
         return Status.RUNNING
@@ -262,9 +315,15 @@ def fail(
     error_code: str,
     error_message: str,
     retryable: bool = False,
+    user: Any,
 ) -> Status:
     """A failed run: queued with backoff while attempts remain (if retryable), else failed."""
-    token = _token(lease_token)
+    _refuse_unstorable(
+        "The job was not failed: fix the fields named in 'errors'.",
+        error_code=error_code or "",
+        error_message=error_message or "",
+    )
+    token = _held_token(job_id, lease_token, user)
     attempt = Job.objects.filter(pk=job_id).values_list("attempts", flat=True).first() or 1
     return fail_job(
         job_id,

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import jsonschema
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,13 +23,18 @@ from jobs.conf import knob
 from jobs.enqueue import notify_queues
 from jobs.exceptions import IllegalTransition, LeaseLost
 from jobs.models import Job, RemoteOperation, Worker, WorkerKind
-from jobs.operations import registry
-from jobs.remote.errors import RemoteRequestError, WorkerNotFound
+from jobs.operations import registry, schema_problem
+from jobs.remote.errors import LeaseNotYours, RemoteRequestError, WorkerNotFound
 from jobs.states import ACTIVE, CANCELLED, RUNNING
+from jobs.storable import text_problem
 from jobs.transitions import requeue_job
 
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_CONCURRENCY = 1000
+# Operations one registration may name: each declared schema is checked
+# against the metaschema and stored, so a body of thousands would cost seconds.
+MAX_OPERATIONS = 1000
+NOT_REGISTERED = "The worker was not registered: fix the fields named in 'errors'."
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,11 @@ def parse_declarations(entries: Sequence[Any]) -> list[Declaration]:
             "A remote worker must name the operations it runs.",
             {"operations": ["Give a non-empty list of operation names or declarations."]},
         )
+    if len(entries) > MAX_OPERATIONS:
+        raise RemoteRequestError(
+            NOT_REGISTERED,
+            {"operations": [f"A worker may name at most {MAX_OPERATIONS} operations."]},
+        )
     for index, entry in enumerate(entries):
         where = f"operations.{index}"
         if isinstance(entry, str):
@@ -108,19 +117,24 @@ def parse_declarations(entries: Sequence[Any]) -> list[Declaration]:
     if len(set(names)) != len(names):
         errors["operations"] = ["Each operation may be named only once."]
     if errors:
-        raise RemoteRequestError(
-            "The worker was not registered: fix the fields named in 'errors'.", errors
-        )
+        raise RemoteRequestError(NOT_REGISTERED, errors)
     return out
 
 
+def _name_problem(value: Any, what: str) -> str | None:
+    """Why ``value`` cannot be an operation or queue name, as a sentence; or None."""
+    if not isinstance(value, str) or not value.strip() or len(value) > 200:
+        return f"The {what} must be a non-empty string of at most 200 characters."
+    reason = text_problem(value)
+    return f"The {what} {reason}." if reason else None
+
+
 def _check_entry(entry: dict[str, Any], declared: bool) -> dict[str, list[str]]:
+    """Field errors of one declaration. Text is checked before any query uses it."""
     errors: dict[str, list[str]] = {}
     name = entry.get("name")
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        return {
-            "name": ["The operation name must be a non-empty string of at most 200 characters."]
-        }
+    if problem := _name_problem(name, "operation name"):
+        return {"name": [problem]}
     if declared and name in registry:
         errors["name"] = [
             f"{name!r} is a built-in operation; list it by name, without a definition."
@@ -135,8 +149,8 @@ def _check_entry(entry: dict[str, Any], declared: bool) -> dict[str, list[str]]:
             "with its queue and payload_schema."
         ]
     queue = entry.get("queue")
-    if queue is not None and (not isinstance(queue, str) or not queue.strip() or len(queue) > 200):
-        errors["queue"] = ["The queue must be a non-empty string of at most 200 characters."]
+    if queue is not None and (problem := _name_problem(queue, "queue")):
+        errors["queue"] = [problem]
     attempts = entry.get("max_attempts")
     if attempts is not None and (
         isinstance(attempts, bool)
@@ -147,16 +161,8 @@ def _check_entry(entry: dict[str, Any], declared: bool) -> dict[str, list[str]]:
             f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS_LIMIT}."
         ]
     schema = entry.get("payload_schema")
-    if schema is not None:
-        if not isinstance(schema, dict):
-            errors["payload_schema"] = ["The payload schema must be a JSON Schema object."]
-        else:
-            try:
-                jsonschema.Draft202012Validator.check_schema(schema)
-            except jsonschema.SchemaError as error:
-                errors["payload_schema"] = [
-                    f"The payload schema is not valid JSON Schema: {error.message}"
-                ]
+    if schema is not None and (problem := schema_problem(schema)):
+        errors["payload_schema"] = [problem]
     return errors
 
 
@@ -189,23 +195,39 @@ def register_worker(
     new row commit together, locked against a concurrent orphan sweep.
     """
     declarations = parse_declarations(operations)
-    if queues is not None and (
-        not isinstance(queues, (list, tuple))
-        or not all(isinstance(q, str) and q.strip() and len(q) <= 200 for q in queues)
-    ):
-        raise RemoteRequestError(
-            "The worker was not registered: fix the fields named in 'errors'.",
-            {"queues": ["Give a list of non-empty queue names."]},
-        )
+    if queues is not None:
+        if not isinstance(queues, (list, tuple)):
+            raise RemoteRequestError(
+                NOT_REGISTERED, {"queues": ["Give a list of non-empty queue names."]}
+            )
+        errors = {
+            f"queues.{index}": [problem]
+            for index, queue in enumerate(queues)
+            if (problem := _name_problem(queue, "queue name"))
+        }
+        if errors:
+            raise RemoteRequestError(NOT_REGISTERED, errors)
     if (
         isinstance(concurrency, bool)
         or not isinstance(concurrency, int)
         or not 1 <= concurrency <= MAX_CONCURRENCY
     ):
         raise RemoteRequestError(
-            "The worker was not registered: fix the fields named in 'errors'.",
+            NOT_REGISTERED,
             {"concurrency": [f"concurrency must be a whole number from 1 to {MAX_CONCURRENCY}."]},
         )
+    texts = {"name": name or "", "hostname": hostname or ""}
+    errors = {
+        field: [f"The {field} {reason}."]
+        for field, value in texts.items()
+        if isinstance(value, str) and (reason := text_problem(value))
+    }
+    if pid is not None and (
+        isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < 2**31
+    ):
+        errors["pid"] = ["pid must be a whole number from 0 to 2147483647."]
+    if errors:
+        raise RemoteRequestError(NOT_REGISTERED, errors)
     now = timezone.now()
     with transaction.atomic():
         names = [d.name for d in declarations]
@@ -257,11 +279,16 @@ def heartbeat(
     view is used. The result names the jobs the worker must stop (``lost``:
     reaped, requeued or cancelled; ``cancelled`` is the subset an operator
     cancelled), so a client never keeps working on a job it no longer holds.
+    A held job another account's worker claimed is ``LeaseNotYours`` (403):
+    nothing is extended, not even this worker's heartbeat.
     """
     from jobs.claims import extend_leases
 
     worker = get_remote_worker(worker_id, user=user)
     pairs = list(held) if held is not None else held_jobs(worker.pk)
+    foreign = held_by_other_accounts(pairs, user=user)
+    if foreign:
+        raise LeaseNotYours(foreign)
     lost = extend_leases(
         worker_id=worker.pk, held=pairs, lease_seconds=float(knob("LEASE_SECONDS"))
     )
@@ -274,6 +301,38 @@ def heartbeat(
     return HeartbeatResult(
         held=kept, lost=sorted(lost, key=str), cancelled=sorted(cancelled, key=str)
     )
+
+
+def held_by_other_accounts(
+    pairs: Sequence[tuple[uuid.UUID, uuid.UUID]], *, user: Any
+) -> list[uuid.UUID]:
+    """The jobs among ``(job id, lease token)`` pairs that a token holds for another account.
+
+    A job is bound to the worker that claimed it (``Job.worker``, set with the
+    token by the claim and cleared with it); the caller may use the token only
+    if it registered that worker. Any of its workers will do, so a successor
+    process of the same account can finish what its predecessor deferred. A
+    pair whose token is stale is not named here: the write it guards is
+    fenced and answers 409 as before.
+
+    Race-free with the write that follows: token and worker change together
+    (a new claim, a requeue), so a token still current at the write names the
+    same worker as here.
+    """
+    if not pairs:
+        return []
+    wanted = {(job_id, token) for job_id, token in pairs}
+    own = Worker.objects.filter(kind=WorkerKind.REMOTE, user_id=user.pk).values("pk")
+    rows = (
+        Job.objects.filter(
+            pk__in={job_id for job_id, _ in wanted},
+            status=RUNNING,
+            lease_token__in={token for _, token in wanted},
+        )
+        .exclude(worker_id__in=own)
+        .values_list("pk", "lease_token")
+    )
+    return sorted((pk for pk, token in rows if (pk, token) in wanted), key=str)
 
 
 # --- disconnect and the orphan sweep ---------------------------------------------

@@ -172,12 +172,15 @@ def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) 
     Raises ``InvalidFilter`` naming each field it could not read.
     """
     errors: dict[str, list[str]] = {}
-    statuses = [str(s) for s in _values(data, "status")]
+    raw_statuses = _values(data, "status")
+    statuses = [s for s in raw_statuses if isinstance(s, str)]
     unknown = [s for s in statuses if s not in STATES]
-    if unknown:
-        errors["status"] = [
-            f"Unknown status {', '.join(map(repr, unknown))}; use one of {', '.join(STATES)}."
-        ]
+    if len(statuses) != len(raw_statuses):
+        errors["status"] = ["'status' must be a string or a list of strings."]
+    elif unknown:
+        # repr() escapes NUL and lone surrogates, so the message itself is storable text.
+        named = ", ".join(repr(s[:40]) for s in unknown[:5])
+        errors["status"] = [f"Unknown status {named}; use one of {', '.join(STATES)}."]
     texts: dict[str, tuple[str, ...]] = {}
     for name in ("queue", "operation"):
         values = _values(data, name)

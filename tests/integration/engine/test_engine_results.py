@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.enqueue import JobSpec, enqueue_many
-from jobs.models import Job, JobEvent
-from tests.conftest import wait_for
+from jobs.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,16 +44,3 @@ def test_a_plain_result_is_stored_as_returned(worker):
     assert proc.wait(timeout=60) == 0, proc.output()
     stored = Job.objects.get(pk=job.pk)
     assert (stored.status, stored.result) == ("succeeded", {"ok": True})
-
-
-def test_a_database_outage_inside_an_operation_is_retried_without_counting(worker):
-    job = enqueue_many([JobSpec("test.db_outage", queue="outage")])[0]
-    worker("outage")
-    wait_for(
-        lambda: Job.objects.get(pk=job.pk).status in {"succeeded", "failed"},
-        message="the job to finish",
-    )
-    stored = Job.objects.get(pk=job.pk)
-    assert (stored.status, stored.attempts) == ("succeeded", 1)
-    retry = JobEvent.objects.get(job_id=job.pk, event="job.retry_later")
-    assert "the database was unavailable" in retry.message

@@ -79,16 +79,17 @@ def test_worker_recovers_from_a_postgresql_restart(worker):
         # with the test knobs): the job's outcome waits for the database instead
         # of being given up, which would leave the job running until its lease ran out.
         wait_for(
-            lambda: "what=retry_later attempt=7" in proc.output(),
+            lambda: "what=outage_requeue attempt=7" in proc.output(),
             timeout=60,
             message="the sleep job's outcome retried past five attempts",
         )
     job = enqueue("ping")
     wait_for(lambda: _status(job) == "succeeded", timeout=60, message="job after restart")
-    # The sleep job's run hit the outage: it runs again, its attempt not counted.
+    # The sleep job's run hit the outage: it runs again, its attempt not counted,
+    # and its timeline says why (job.outage_requeue, within MAX_OUTAGE_REQUEUES).
     wait_for(lambda: _status(running) == "succeeded", timeout=60, message="the sleep job")
     assert Job.objects.get(pk=running.pk).attempts == 1
-    assert "job.retry_later" in JobEvent.objects.filter(job_id=running.pk).values_list(
+    assert "job.outage_requeue" in JobEvent.objects.filter(job_id=running.pk).values_list(
         "event", flat=True
     )
     assert proc.popen.poll() is None, proc.output()

@@ -1,0 +1,134 @@
+"""``POST /workers/<id>/claim`` ``{limit?, wait?}``: a long-poll that parks on the event loop.
+
+A thousand remote workers may wait for work at once on one web process. Each
+claim attempt is short and runs on the web threads (``jobs.web.threads``);
+between attempts the request waits for the process's relay
+(``jobs.remote.relay``) on the event loop, holding no thread and no
+database connection. The relay wakes parked claims one at a time, so one
+new job costs one or two attempts, not one per waiting worker.
+
+The attempt itself is a DRF view (``ClaimAttemptView``): authentication,
+the permission, the body and the error shape are those of every other
+route, checked again on every attempt (a revoked token stops a long-poll).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.utils.decorators import classonlymethod
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from jobs import remote
+from jobs.api.base import WORKER_ID, error_responses
+from jobs.api.remote_views import ClaimBody, RemoteView, _body, claimed_json, remote_endpoint
+from jobs.api.serializers import ClaimResultSerializer
+from jobs.remote.relay import relay
+from jobs.remote.runs import ClaimAttempt
+from jobs.web.dispatch import RECEIVED_AT
+from jobs.web.overload import BUSY_MESSAGE, unavailable_response
+from jobs.web.threads import Busy, run_blocking
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A long-poll between attempts: what the next attempt needs."""
+
+    limit: int
+    wait: float
+    attempt: ClaimAttempt
+
+
+class ClaimAttemptView(RemoteView):
+    """One attempt, as a DRF view; the long-poll around it is ``claim_view``."""
+
+    @extend_schema(
+        operation_id="workers_claim",
+        summary="Remote worker: claim jobs",
+        description=(
+            "Claims and starts up to 'limit' jobs of the worker's queues and operations. "
+            f"With 'wait' (seconds, at most {remote.MAX_WAIT_SECONDS:g}) and nothing to claim, "
+            "the request waits for a job and answers an empty list when the wait is up."
+        ),
+        tags=["remote workers"],
+        parameters=[WORKER_ID],
+        request=ClaimBody,
+        responses={200: ClaimResultSerializer, **error_responses(400, 401, 403, 404, 413, 503)},
+    )
+    def post(self, request: Request, worker_id: str) -> Response:
+        return self._attempt(request, worker_id)
+
+    @staticmethod
+    @remote_endpoint
+    def _attempt(request: Request, worker_id: str) -> Response:
+        parked: Parked | None = getattr(request._request, "parked_claim", None)
+        if parked is None:
+            body = _body(request, ClaimBody) if request.data else {}
+            limit = body.get("limit", 1)
+            wait = min(float(body.get("wait") or 0), remote.MAX_WAIT_SECONDS)
+        else:
+            limit, wait = parked.limit, parked.wait
+        attempt = remote.claim(worker_id=worker_id, user=request.user, limit=limit)
+        response = Response({"jobs": [claimed_json(job) for job in attempt.jobs]})
+        if not attempt.jobs and wait > 0:
+            response.parked = Parked(limit=limit, wait=wait, attempt=attempt)
+        response.claimed = len(attempt.jobs)
+        return response
+
+
+_attempt_view = ClaimAttemptView.as_view()
+
+
+def _attempt_once(request: HttpRequest, worker_id: str) -> HttpResponse:
+    response = _attempt_view(request, worker_id=worker_id)
+    return response.render() if hasattr(response, "render") else response
+
+
+async def _try(request: HttpRequest, worker_id: str) -> HttpResponse:
+    try:
+        return await run_blocking(_attempt_once, request, worker_id)
+    except Busy:
+        return unavailable_response(BUSY_MESSAGE)
+
+
+class ClaimView(View):
+    http_method_names = ["post"]
+
+    async def post(self, request: HttpRequest, worker_id: str) -> HttpResponse:
+        response = await _try(request, worker_id)
+        parked: Parked | None = getattr(response, "parked", None)
+        if parked is None:
+            return response
+        request.parked_claim = parked
+        loop = asyncio.get_running_loop()
+        scope = getattr(request, "scope", {})
+        deadline = scope.get(RECEIVED_AT, loop.time()) + parked.wait
+        attempt = parked.attempt
+        while (remaining := deadline - loop.time()) > 0:
+            wake = await relay.wait(attempt.queues, attempt.kind, remaining)
+            if wake is None:
+                break
+            claimed: bool | None = None
+            try:
+                again = await _try(request, worker_id)
+                claimed = bool(getattr(again, "claimed", 0)) if again.status_code == 200 else None
+            finally:
+                relay.finished(wake, attempt.kind, claimed=claimed)
+            if getattr(again, "parked", None) is None:
+                return again  # jobs, or an error (the worker was removed, the token revoked)
+        return response  # the empty list of the first attempt
+
+    @classonlymethod
+    def as_view(cls, **initkwargs: Any) -> Any:
+        view = csrf_exempt(super().as_view(**initkwargs))
+        # For drf-spectacular: /schema describes this route from the DRF view of one attempt.
+        view.cls = ClaimAttemptView
+        view.initkwargs = {}
+        return view

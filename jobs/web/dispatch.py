@@ -1,0 +1,172 @@
+"""The ASGI application for HTTP requests of a web process.
+
+Why not Django's ASGI handler for everything: it runs a sync view (all of DRF)
+and each sync middleware on a thread made for that request, hopping between
+the event loop and that thread several times per request. Here that cost was
+4-6x against WSGI, and each new thread opened its own database connection.
+
+So each request goes one of two ways, decided by the view its path resolves to:
+
+* **async views** (the long-polling claim) go to Django's ASGI handler and
+  wait on the event loop, holding no thread and no connection; the sync
+  middleware around them shares one thread, and their blocking steps run on
+  the web threads (``jobs.web.threads.WebThreads.run``);
+* **every other view** goes through a WSGI bridge (a2wsgi's responder) onto
+  the process's fixed web threads: one hop per request, at most
+  ``WEB_THREADS`` at once, a 503 with ``Retry-After`` when none frees up in time.
+
+Before either, the body is read here in full, up to
+``DATA_UPLOAD_MAX_MEMORY_SIZE`` (413 past it). A body sent with
+``Transfer-Encoding: chunked`` has no ``Content-Length``, which Django reads
+as an empty body; the request is passed on with the length it really had.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from a2wsgi.wsgi import WSGIResponder
+from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction
+from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.wsgi import WSGIHandler
+from django.urls import Resolver404, get_resolver
+
+from jobs.web.overload import send_busy
+from jobs.web.threads import Busy, WebThreads, serving, web_threads
+
+Scope = dict[str, Any]
+RECEIVED_AT = "controlplane.received_at"  # scope key: the event loop's time at arrival
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class HttpDispatcher:
+    """ASGI app for ``http`` scopes: async views on the loop, sync views on bounded threads."""
+
+    def __init__(self, threads: WebThreads | None = None) -> None:
+        self._threads = threads
+        self.asgi = ASGIHandler()
+        self.wsgi = WSGIHandler()
+        # The sync middleware around async views: one thread for all of them.
+        self._middleware_thread = ThreadPoolExecutor(1, thread_name_prefix="web-async-mw")
+
+    @property
+    def threads(self) -> WebThreads:
+        return self._threads or web_threads()
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"HttpDispatcher serves HTTP only, not {scope['type']!r}.")
+        # Long-polls count their wait from here, not from when a thread first got to them.
+        scope = {**scope, RECEIVED_AT: asyncio.get_running_loop().time()}
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        try:
+            body = await read_body(scope, receive, limit)
+        except BodyTooLarge:
+            await send_too_large(send, limit or 0)
+            return
+        scope = with_content_length(scope, len(body))
+        receive = replay(body, receive)
+        if self.is_async_view(scope):
+            serving.set(self.threads)
+            async with ThreadSensitiveContext(executor=self._middleware_thread):
+                await self.asgi(scope, receive, send)
+            return
+        try:
+            async with self.threads.slot():
+                responder = WSGIResponder(self.wsgi, self.threads.executor, 10)
+                await responder(scope, receive, send)  # type: ignore[arg-type]
+        except Busy:
+            await send_busy(send)
+
+    @staticmethod
+    def is_async_view(scope: Scope) -> bool:
+        root = scope.get("root_path", "")
+        path = scope["path"]
+        path_info = path[len(root) :] if root and path.startswith(root) else path
+        try:
+            match = get_resolver().resolve(path_info or "/")
+        except Resolver404:
+            return False
+        return iscoroutinefunction(match.func)
+
+
+async def read_body(scope: Scope, receive: Any, limit: int | None) -> bytes:
+    """The whole request body (chunked or not), refusing more than ``limit`` bytes."""
+    declared = _header(scope, b"content-length")
+    if limit is not None and declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def with_content_length(scope: Scope, length: int) -> Scope:
+    """The scope with a ``Content-Length`` that matches the body read (and no chunked coding)."""
+    headers = [
+        (name, value)
+        for name, value in scope.get("headers", [])
+        if name.lower() not in (b"content-length", b"transfer-encoding")
+    ]
+    if length or scope.get("method") not in ("GET", "HEAD", "OPTIONS", "DELETE"):
+        headers.append((b"content-length", str(length).encode()))
+    return {**scope, "headers": headers}
+
+
+def replay(body: bytes, receive: Any) -> Any:
+    """A ``receive`` that hands out the body once, then waits for the client's disconnect."""
+    sent = False
+
+    async def receive_again() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return receive_again
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin1").strip()
+    return None
+
+
+async def send_too_large(send: Any, limit: int) -> None:
+    body = json.dumps(
+        {
+            "message": f"The request body is larger than {limit} bytes; send a smaller one.",
+            "errors": {},
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,51 @@
+"""ASGI lifespan of a web process: on shutdown, give the database its connections back."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import multiprocessing
+import signal
+from typing import Any
+
+from django.db import connections
+
+log = logging.getLogger("jobs.web")
+PR_SET_PDEATHSIG = 1
+
+
+def exit_with_supervisor() -> None:
+    """In a process started by a supervisor (``manage.py serve``), end when it ends.
+
+    A supervisor killed with SIGKILL cannot stop its server processes; without
+    this they would keep the port's socket and their database connections.
+    """
+    if multiprocessing.parent_process() is None:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the supervisor's own shutdown still applies
+        log.debug("prctl(PR_SET_PDEATHSIG) is not available here.")
+
+
+def close_pools() -> None:
+    """Close every connection pool of this process (and the shared LISTEN connection)."""
+    from jobs.remote.listener import listener
+
+    listener.stop(timeout=2.0)
+    for connection in connections.all(initialized_only=True):
+        if getattr(connection, "pool", None) is not None:
+            connection.close_pool()
+
+
+async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            exit_with_supervisor()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await asyncio.to_thread(close_pools)
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,151 @@
+"""The web process's threads for synchronous code: a fixed number, shared by every request.
+
+Under ASGI, Django runs the synchronous parts of each request (sync views, and
+the sync middleware around async ones) on a thread created for that request.
+Each such thread opens its own database connection, so one process held 99
+PostgreSQL connections with 16 clients, and every request paid for a new
+thread and a new connection.
+
+Here every piece of synchronous code a web request runs goes to one
+``ThreadPoolExecutor`` of ``WEB_THREADS`` threads. A request waits for a free
+thread at most ``WEB_QUEUE_TIMEOUT_SECONDS``; past that (or when more than
+``WEB_MAX_WAITING`` requests already wait) it is answered 503 with
+``Retry-After``, so an overload degrades into clean refusals instead of
+piling up. Database connections come from Django's connection pool
+(``controlplane.settings``), which is at least as large as this pool, so a
+thread never waits for a connection in normal operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import os
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+DEFAULT_THREADS = 8
+DEFAULT_QUEUE_TIMEOUT_SECONDS = 5.0
+DEFAULT_MAX_WAITING = 2048
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(f"CONTROLPLANE_{name}")
+    return float(raw) if raw not in (None, "") else default
+
+
+def configured_threads() -> int:
+    """Threads per web process: settings ``WEB_THREADS`` (env ``CONTROLPLANE_WEB_THREADS``)."""
+    from django.conf import settings
+
+    configured = getattr(settings, "WEB_THREADS", None)
+    return max(1, int(configured or _env_number("WEB_THREADS", DEFAULT_THREADS)))
+
+
+class Busy(Exception):
+    """Every thread of this web process stayed busy for the whole queue timeout."""
+
+
+class WebThreads:
+    """A bounded executor with an admission queue in front of it (one per process)."""
+
+    def __init__(
+        self,
+        size: int | None = None,
+        *,
+        queue_timeout: float | None = None,
+        max_waiting: int | None = None,
+    ) -> None:
+        self.size = size or configured_threads()
+        self.queue_timeout = (
+            queue_timeout
+            if queue_timeout is not None
+            else _env_number("WEB_QUEUE_TIMEOUT_SECONDS", DEFAULT_QUEUE_TIMEOUT_SECONDS)
+        )
+        self.max_waiting = int(
+            max_waiting
+            if max_waiting is not None
+            else _env_number("WEB_MAX_WAITING", DEFAULT_MAX_WAITING)
+        )
+        self.executor = ThreadPoolExecutor(self.size, thread_name_prefix="web")
+        self._slots: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.waiting = 0
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        # One per event loop: a server has one, but tests run each async call in a new loop.
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._loop is not loop:
+            self._slots, self._loop = asyncio.Semaphore(self.size), loop
+        return self._slots
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of the threads for the body of the ``async with``; ``Busy`` if none frees up."""
+        slots = self._semaphore()
+        if slots.locked() and self.waiting >= self.max_waiting:
+            raise Busy
+        self.waiting += 1
+        try:
+            await asyncio.wait_for(slots.acquire(), self.queue_timeout)
+        except TimeoutError:
+            raise Busy from None
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            slots.release()
+
+    async def run[T](self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``function`` on one of the threads and hand its connections back afterwards.
+
+        For the blocking steps of async views: the connection it used returns
+        to the pool at once, so nothing is held while the view awaits.
+        """
+        call = functools.partial(_returning_connections, function, *args, **kwargs)
+        context = contextvars.copy_context()
+        async with self.slot():
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, context.run, call)
+
+
+def _returning_connections[T](function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    try:
+        return function(*args, **kwargs)
+    finally:
+        connections.close_all()
+
+
+_threads: WebThreads | None = None
+# Set by the dispatcher for the requests it serves (see ``run_blocking``).
+serving: contextvars.ContextVar[WebThreads | None] = contextvars.ContextVar(
+    "controlplane_web_threads", default=None
+)
+
+
+async def run_blocking[T](function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking step of an async view: on the web threads when a server serves it.
+
+    Outside ``jobs.web.dispatch`` (Django's test client, a plain ``runserver``)
+    it runs where Django runs sync code, which is what tests with a
+    transaction need: the test's own connection, in the test's thread.
+    """
+    threads = serving.get()
+    if threads is None:
+        return await sync_to_async(function, thread_sensitive=True)(*args, **kwargs)
+    return await threads.run(function, *args, **kwargs)
+
+
+def web_threads() -> WebThreads:
+    """This process's threads (made on first use, in the server's event loop)."""
+    global _threads
+    if _threads is None:
+        _threads = WebThreads()
+    return _threads
