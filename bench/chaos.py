@@ -155,6 +155,15 @@ def restart_postgres() -> None:
     connection.close()
 
 
+def child_pids(expected: int, killed: Any = ()) -> list[int]:
+    """Supervised: the pids of the serving children, once ``expected`` of them are registered
+    (a killed child's row stays until the supervisor has rescued its jobs)."""
+    from jobs.models import Worker
+
+    pids = [p for p in Worker.objects.values_list("pid", flat=True) if p and p not in killed]
+    return sorted(pids) if len(pids) == expected else []
+
+
 def steady_rate() -> float:
     """Jobs per second between the 10th and the 90th percentile of ``finished_at``.
 
@@ -223,12 +232,34 @@ def run_phase(name: str, args: argparse.Namespace, env: dict[str, str], chaos: b
         return Proc(argv, env, f"{name}-worker-{next(counter)}")
 
     reaper = Proc(["reaper"], env, f"{name}-reaper")
-    workers = [start_worker() for _ in range(args.workers)]
-    everyone: list[Proc] = [reaper, *workers]
+    if args.supervised:
+        supervisor = Proc(
+            [
+                "runworker",
+                "--queue",
+                QUEUE,
+                "--concurrency",
+                str(args.concurrency),
+                "--processes",
+                str(args.workers),
+            ],
+            env,
+            f"{name}-supervisor",
+        )
+        workers = []
+        everyone: list[Proc] = [reaper, supervisor]
+    else:
+        workers = [start_worker() for _ in range(args.workers)]
+        everyone = [reaper, *workers]
     rng = random.Random(args.seed)
+    killed_at: dict[int, float] = {}  # supervised: a killed child's pid -> when
     try:
         deadline = time.monotonic() + 120
-        while not all(serving(w) for w in workers):
+        while not (
+            retrying(child_pids, args.workers)
+            if args.supervised
+            else all(serving(w) for w in workers)
+        ):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: workers not serving after 120 s (logs in {LOG_DIR})")
             time.sleep(0.1)
@@ -255,10 +286,15 @@ def run_phase(name: str, args: argparse.Namespace, env: dict[str, str], chaos: b
                     print(f"  [{name}] worker pid {w.pid} exited {w.popen.returncode}")
                     workers[index] = start_worker()
                     everyone.append(workers[index])
+            if args.supervised:
+                pids = retrying(child_pids, args.workers, set(killed_at))
+                if pids and killed_at:  # a full set again: the replacement serves
+                    phase.serving_after.append(time.monotonic() - max(killed_at.values()))
+                    killed_at.clear()
             if not chaos:
                 time.sleep(0.1)
                 continue
-            all_serving = all(serving(w) for w in workers)
+            all_serving = bool(pids) if args.supervised else all(serving(w) for w in workers)
             if phase.sessions_terminated is None and done >= args.jobs * TERMINATE_AT:
                 phase.sessions_terminated = retrying(terminate_other_sessions, database)
                 print(f"  [{name}] cut {phase.sessions_terminated} sessions", flush=True)
@@ -267,7 +303,13 @@ def run_phase(name: str, args: argparse.Namespace, env: dict[str, str], chaos: b
                 restart_postgres()
                 phase.restarted = True
             if time.monotonic() >= next_kill:
-                if all_serving:
+                if all_serving and args.supervised:
+                    victim = rng.choice(pids)
+                    os.kill(victim, signal.SIGKILL)  # the supervisor forks a replacement
+                    killed_at[victim] = time.monotonic()
+                    phase.kills += 1
+                    next_kill = time.monotonic() + args.kill_every
+                elif all_serving:
                     index = rng.randrange(len(workers))
                     workers[index].kill()
                     phase.kills += 1
@@ -335,6 +377,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--kill-every", type=float, default=2.0)
     parser.add_argument(
+        "--supervised",
+        action="store_true",
+        help="one `runworker --processes WORKERS` (forked children) instead of separate workers; "
+        "the kills hit its children",
+    )
+    parser.add_argument(
         "--restart-postgres",
         action="store_true",
         help="restart the PostgreSQL server mid-chaos (every database on it goes down)",
@@ -376,7 +424,8 @@ def main() -> None:
 
     knobs = {k: v for k, v in env.items() if k.startswith("CONTROLPLANE_") and "MODULES" not in k}
     print(
-        f"{args.jobs:,} jobs, {args.workers} workers x {args.concurrency}, kill every "
+        f"{args.jobs:,} jobs, {args.workers} workers x {args.concurrency}"
+        f"{' (runworker --processes)' if args.supervised else ''}, kill every "
         f"{args.kill_every:g} s, seed {args.seed}, knobs {knobs or 'defaults'}; logs in {LOG_DIR}",
         flush=True,
     )

@@ -17,6 +17,13 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_SECONDS": 30.0,
     "HEARTBEAT_SECONDS": 10.0,
     "WORKER_TIMEOUT_SECONDS": 60.0,
+    # A local worker whose liveness lock (PostgreSQL) stays free this long is
+    # gone: its jobs are rescued at once (workers.liveness). The reaper checks
+    # every WORKER_LIVENESS_SECONDS; a worker's listener retries its lost
+    # connection at least every LIVENESS_RECONNECT_SECONDS.
+    "WORKER_LOST_SECONDS": 3.0,
+    "WORKER_LIVENESS_SECONDS": 1.0,
+    "LIVENESS_RECONNECT_SECONDS": 0.5,
     # Worker loop.
     "POLL_SECONDS": 2.0,
     "POLL_ONLY": False,

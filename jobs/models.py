@@ -63,6 +63,8 @@ class Worker(models.Model):
     concurrency = models.PositiveIntegerField(default=1)
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now, db_index=True)
+    # Set once the worker holds its liveness lock (PostgreSQL): see workers.liveness.
+    liveness_lock = models.BooleanField(default=False)
     user = models.ForeignKey(
         "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -55,6 +55,10 @@ class ReaperConfig:
     worker_timeout_seconds: float = field(
         default_factory=lambda: float(knob("WORKER_TIMEOUT_SECONDS"))
     )
+    worker_lost_seconds: float = field(default_factory=lambda: float(knob("WORKER_LOST_SECONDS")))
+    worker_liveness_seconds: float = field(
+        default_factory=lambda: float(knob("WORKER_LIVENESS_SECONDS"))
+    )
     retention_days: float = field(default_factory=lambda: float(knob("RETENTION_DAYS")))
     retention_batch_size: int = field(default_factory=lambda: int(knob("RETENTION_BATCH_SIZE")))
     batch_size: int = 500

@@ -181,7 +181,7 @@ class JobWorker:
         self._pool.start()
         self._heartbeat.start()
         if connection.vendor == "postgresql" and not self.config.poll_only:
-            self._listener = NotifyListener(self.config.queues, self.wake)
+            self._listener = NotifyListener(self.config.queues, self.wake, worker_id=self.id)
             self._listener.start()
         log.info(
             "worker.started id=%s queues=%s concurrency=%d pid=%d",

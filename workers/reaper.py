@@ -1,5 +1,9 @@
 """The reaper: rescues what workers left behind, and keeps the tables from growing forever.
 
+Between passes, every ``WORKER_LIVENESS_SECONDS``, it looks for local workers
+whose PostgreSQL session ended (``workers.liveness``: a ``kill -9``, a lost
+machine) and rescues their jobs at once rather than at lease expiry.
+
 Each pass (``run_once``) handles, in order: workers whose heartbeat went
 silent (their jobs are treated as expired leases, the rows removed), expired
 leases (requeued up to ``MAX_LEASE_REQUEUES``, then failed), jobs past the
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
@@ -24,6 +29,7 @@ from jobs.dialect import dialect
 from jobs.models import Worker
 from jobs.rescues import fail_timed_out, requeue_expired_leases
 from workers.config import ReaperConfig
+from workers.liveness import LivenessWatch, forget_lost_workers, workers_without_liveness
 from workers.resilience import backoff_delay, is_transient, reset_connection
 
 log = logging.getLogger("workers")
@@ -37,6 +43,7 @@ TERMINAL = "('succeeded', 'failed', 'cancelled')"
 
 @dataclass
 class ReaperResult:
+    workers_lost: int = 0
     workers_swept: int = 0
     lease_requeued: int = 0
     lease_failed: int = 0
@@ -54,6 +61,39 @@ class Reaper:
     def __init__(self, config: ReaperConfig | None = None) -> None:
         self.config = config or ReaperConfig()
         self.stopping = threading.Event()
+        self.liveness = LivenessWatch(self.config.worker_lost_seconds)
+
+    def rescue_lost_workers(self) -> ReaperResult:
+        """Rescue the jobs of local workers whose liveness lock has been free for the grace.
+
+        Their jobs follow the expired-lease rules (``job.lease_expired_requeue``
+        within the budget, else failed); their rows go. A worker whose lock is
+        taken again before the grace is up keeps everything.
+        """
+        result = ReaperResult()
+        lost = self.liveness.lost(workers_without_liveness())
+        if not lost:
+            return result
+        c = self.config
+        for _ in range(ROUNDS_PER_PASS):
+            requeued, failed = requeue_expired_leases(
+                max_requeues=c.max_lease_requeues, worker_ids=lost, limit=c.batch_size
+            )
+            result.lease_requeued += len(requeued)
+            result.lease_failed += len(failed)
+            if len(requeued) < c.batch_size and len(failed) < c.batch_size:
+                break
+        else:
+            return result  # more to do: the next check goes on with the same workers
+        result.workers_lost = forget_lost_workers(lost)
+        self.liveness.forget(lost)
+        log.warning(
+            "reaper.workers_lost workers=%s requeued=%d failed=%d",
+            ",".join(str(w) for w in lost),
+            result.lease_requeued,
+            result.lease_failed,
+        )
+        return result
 
     def run_once(self) -> ReaperResult:
         """One pass over every step.
@@ -143,6 +183,8 @@ class Reaper:
                 failures = 0
                 log.info("reaper.pass %s", result)
                 delay = self.config.interval_seconds
+                self._watch_liveness_until(time.monotonic() + delay)
+                continue
             except Exception as error:
                 if is_transient(error):
                     delay = backoff_delay(failures)
@@ -152,8 +194,33 @@ class Reaper:
                     delay = self.config.interval_seconds
                     log.exception("reaper.pass_failed error=%s", error)
                 reset_connection()
+                # Our own outage: what we saw of others' locks before it says nothing now.
+                self.liveness.forget()
             self.stopping.wait(delay)
         log.info("reaper.stopped")
+
+    def _watch_liveness_until(self, deadline: float) -> None:
+        """Until the next pass: check workers' liveness every ``worker_liveness_seconds``.
+
+        The database going away ends the wait early: the pass that follows
+        meets the same error and backs off.
+        """
+        step = self.config.worker_liveness_seconds
+        if step <= 0:
+            self.stopping.wait(max(deadline - time.monotonic(), 0))
+            return
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.stopping.wait(min(step, remaining)):
+                return
+            try:
+                self.rescue_lost_workers()
+            except Exception as error:
+                self.liveness.forget()
+                reset_connection()
+                if is_transient(error):
+                    return
+                log.exception("reaper.liveness_failed error=%s", error)
 
 
 def delete_finished_jobs(cutoff: datetime, limit: int) -> int:

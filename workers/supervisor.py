@@ -5,18 +5,26 @@ child that crashes (segfault, ``os._exit``, OOM kill) takes only itself down.
 The supervisor treats its jobs as expired leases at once (requeued within the
 lease budget, else failed) and starts a replacement. SIGTERM/SIGINT are
 forwarded; the exit code is 143 if any child ran out of grace, else 0.
+
+Children are forked from the supervisor, which has already imported Django,
+the project and every operation module: a child serves within milliseconds
+instead of the second a fresh interpreter needs, so a replacement costs the
+pool almost nothing. The supervisor holds no database connection when it forks.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import random
 import signal
-import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from django.core.management import call_command
+from django.db import connections
 
 from jobs.conf import knob
 from jobs.models import Worker
@@ -24,20 +32,56 @@ from jobs.rescues import requeue_expired_leases
 from workers.shutdown import EXIT_GRACE_RAN_OUT, EXIT_GRACEFUL
 
 log = logging.getLogger("workers")
-MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 
 
 @dataclass
 class Child:
     args: list[str]
     worker_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    popen: subprocess.Popen | None = None
+    pid: int | None = None
+    code: int | None = None
 
     def start(self) -> None:
         self.worker_id = str(uuid.uuid4())
-        self.popen = subprocess.Popen(
-            [sys.executable, str(MANAGE), "runworker", *self.args, "--worker-id", self.worker_id]
-        )
+        self.code = None
+        connections.close_all()  # a forked child must not share the supervisor's sockets
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_serve_as_child(self.args, self.worker_id))
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        """The child's exit code once it has ended (negative: the signal that ended it)."""
+        if self.pid is not None and self.code is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def signal(self, signum: int) -> None:
+        if self.pid is not None and self.poll() is None:
+            os.kill(self.pid, signum)
+
+
+def _serve_as_child(args: list[str], worker_id: str) -> int:
+    """Run ``runworker`` in a freshly forked child; its exit code."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)  # the worker installs its own
+    random.seed()  # the backoff jitter must differ between siblings
+    code = 1
+    try:
+        call_command("runworker", *args, "--worker-id", worker_id)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:  # noqa: BLE001 - report, then leave without the supervisor's cleanup
+        log.exception("worker.child_failed id=%s", worker_id)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
 
 
 class Supervisor:
@@ -49,8 +93,7 @@ class Supervisor:
     def _forward(self, signum: int, frame: object) -> None:
         self.stopping = True
         for child in self.children:
-            if child.popen and child.popen.poll() is None:
-                child.popen.send_signal(signum)
+            child.signal(signum)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._forward)
@@ -61,7 +104,7 @@ class Supervisor:
         while True:
             running = 0
             for index, child in enumerate(self.children):
-                code = child.popen.poll() if child.popen else 0
+                code = child.poll()
                 if code is None:
                     running += 1
                     continue

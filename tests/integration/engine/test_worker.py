@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -206,5 +207,14 @@ def test_crashed_child_process_is_replaced_and_its_job_requeued(worker):
     assert crash.error_code == "LeaseExpired"
     after = enqueue("ping")
     wait_for(lambda: status(after) == "succeeded", timeout=30, message="replacement child works")
+    # Children are forked from the warm supervisor, not started as new interpreters.
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(children) == 2
+    for child in children:
+        assert (
+            Path(f"/proc/{child}/cmdline").read_bytes()
+            == Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        )
+    assert "worker.child_died" in proc.output()
     proc.signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0, proc.output()
