@@ -830,7 +830,7 @@ def pool_size(threads: int | None) -> int:
     """The pool of one web process, as ``controlplane.settings`` computes it."""
     if os.environ.get("CONTROLPLANE_WEB_DB_POOL_SIZE"):
         return int(os.environ["CONTROLPLANE_WEB_DB_POOL_SIZE"])
-    return (threads or int(os.environ.get("CONTROLPLANE_WEB_THREADS") or 8)) + 2
+    return (threads or int(os.environ.get("CONTROLPLANE_WEB_THREADS") or 1)) + 2
 
 
 def setup_django(args: argparse.Namespace) -> str:

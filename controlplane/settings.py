@@ -88,7 +88,7 @@ def _env_flag(name: str) -> bool:
 # than WEB_DB_POOL_SIZE of them, however many clients it serves. Workers and
 # commands keep one persistent connection per thread (their threads are few and fixed).
 DB_POOL = _env_flag("CONTROLPLANE_DB_POOL")
-WEB_THREADS = int(os.environ.get("CONTROLPLANE_WEB_THREADS") or 8)
+WEB_THREADS = int(os.environ.get("CONTROLPLANE_WEB_THREADS") or 1)
 WEB_DB_POOL_SIZE = int(os.environ.get("CONTROLPLANE_WEB_DB_POOL_SIZE") or WEB_THREADS + 2)
 WEB_DB_POOL_TIMEOUT_SECONDS = float(os.environ.get("CONTROLPLANE_WEB_DB_POOL_TIMEOUT_SECONDS") or 5)
 

@@ -173,9 +173,9 @@ class JobEventsView(ApiView):
         responses={200: EventPageSerializer, **error_responses(400, 401, 403, 404)},
     )
     def get(self, request: Request, job_id: str) -> Response:
-        # Not @bounded: both reads are a LIMITed range of the unique (job, seq) index,
-        # so they cannot run long, and pollers call this often: the timeout's
-        # BEGIN / SET LOCAL / COMMIT would be most of its round trips.
+        # Not @bounded: the read is one primary-key lookup joined to a range of the
+        # unique (job, seq) index, so it cannot run long, and pollers call this
+        # often: the timeout's BEGIN / SET LOCAL / COMMIT would be most of its round trips.
         pk = self.job_id(job_id)
         after = self._after(request.query_params.get("after"))
         limit = selectors.parse_limit(
@@ -183,16 +183,13 @@ class JobEventsView(ApiView):
             default=selectors.DEFAULT_EVENT_LIMIT,
             maximum=selectors.MAX_EVENT_LIMIT,
         )
-        events = selectors.job_events_after(pk, after, limit)
-        if events:
-            last_seq = events[-1].seq
-        else:
-            # Never past the real end: a client that sent a bad 'after' resumes
-            # from the last event that exists and misses none written later.
-            last = selectors.job_last_seq(pk)
-            if last is None:
-                raise NotFound(f"No job with id {job_id} exists.")
-            last_seq = min(after, last)
+        page = selectors.job_events_page(pk, after, limit)
+        if page is None:
+            raise NotFound(f"No job with id {job_id} exists.")
+        last, events = page
+        # Never past the real end: a client that sent a bad 'after' resumes
+        # from the last event that exists and misses none written later.
+        last_seq = events[-1].seq if events else min(after, last)
         return Response(
             {
                 "results": [_event_json(e) for e in events],

@@ -8,4 +8,6 @@
 - ``overload``: the 503 (with ``Retry-After``) for a full database pool or server.
 - ``static``: WhiteNoise as a middleware that does not block the async path.
 - ``lifespan``: start-up and shutdown of a server process (closes the pool).
+- ``processes``: the server processes of ``manage.py serve``, one ``SO_REUSEPORT``
+  socket each on the same port, under a supervisor that restarts them.
 """

@@ -6,10 +6,13 @@ import asyncio
 import ctypes
 import logging
 import multiprocessing
+import os
 import signal
 from typing import Any
 
 from django.db import connections
+
+from jobs.web.processes import SUPERVISED
 
 log = logging.getLogger("jobs.web")
 PR_SET_PDEATHSIG = 1
@@ -21,7 +24,7 @@ def exit_with_supervisor() -> None:
     A supervisor killed with SIGKILL cannot stop its server processes; without
     this they would keep the port's socket and their database connections.
     """
-    if multiprocessing.parent_process() is None:
+    if multiprocessing.parent_process() is None and not os.environ.get(SUPERVISED):
         return
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

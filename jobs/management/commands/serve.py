@@ -4,9 +4,11 @@ Each process serves everything (REST API, dashboard, static files, WebSockets)
 through ``settings.ASGI_APPLICATION`` under uvicorn, with at most
 ``WEB_THREADS`` threads for synchronous views and ``WEB_DB_POOL_SIZE``
 pooled database connections (plus one LISTEN connection for live updates).
-uvicorn's supervisor shares one listening socket among the processes and
-restarts one that dies. Static files are collected first, so they are served
-under hashed names, compressed, with far-future cache headers.
+This command stays as their supervisor: each process listens on a socket of
+its own on the same port (``SO_REUSEPORT``: the kernel spreads connections
+evenly), and one that dies is restarted (``jobs.web.processes``). Static files
+are collected first, so they are served under hashed names, compressed, with
+far-future cache headers.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+from jobs.web.processes import WebSupervisor
 
 
 def _asgi_path() -> str:
@@ -41,7 +46,7 @@ class Command(BaseCommand):
             "--threads",
             type=int,
             default=None,
-            help="Threads per process for synchronous views (default WEB_THREADS, 8).",
+            help="Threads per process for synchronous views (default WEB_THREADS, 1).",
         )
         parser.add_argument(
             "--no-collectstatic",
@@ -66,32 +71,18 @@ class Command(BaseCommand):
             f"{options['processes']} process(es)."
         )
         self.stdout.flush()
-        sys.stderr.flush()
-        # exec, not uvicorn.run(): the server processes must load the settings afresh
-        # (the static storage is chosen at load), and the process manager's signals
-        # then reach uvicorn's supervisor directly, under this same pid.
-        argv = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            _asgi_path(),
-            "--app-dir",
-            sys.path[0] or os.getcwd(),
-            "--host",
-            options["host"],
-            "--port",
-            str(options["port"]),
-            "--workers",
-            str(options["processes"]),
-            "--lifespan",
-            "on",
-            "--no-access-log",
-            "--log-level",
-            options["log_level"],
-            "--timeout-graceful-shutdown",
-            "10",
-        ]
-        os.execve(sys.executable, argv, env)
+        # New interpreters, not forks of this one: they load the settings afresh
+        # (the static storage is chosen at load, and this process chose the plain one).
+        supervisor = WebSupervisor(
+            host=options["host"],
+            port=options["port"],
+            processes=options["processes"],
+            app=_asgi_path(),
+            env=env,
+            log_level=options["log_level"],
+            cwd=str(Path(sys.path[0] or os.getcwd()).resolve()),
+        )
+        sys.exit(supervisor.run())
 
     @staticmethod
     def _collectstatic() -> None:

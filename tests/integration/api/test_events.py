@@ -43,6 +43,8 @@ def test_events_after_a_seq_ascending(viewer):
     # there and sees seq 6 when it comes, instead of skipping to 100.
     beyond = viewer.get(f"/jobs/{job.pk}/events", after=99).json()
     assert beyond["results"] == [] and beyond["last_seq"] == 5
+    far = viewer.get(f"/jobs/{job.pk}/events", after=10**30)  # past any 32- or 64-bit seq
+    assert far.status_code == 200 and far.json()["last_seq"] == 5, far.content
     emit_event(job.pk, event="test.late", lease_token=held.lease_token)
     resumed = viewer.get(f"/jobs/{job.pk}/events", after=beyond["last_seq"]).json()
     assert [e["seq"] for e in resumed["results"]] == [6] and resumed["last_seq"] == 6

@@ -32,7 +32,7 @@ class Served:
         return {f"controlplane-web-{child}" for child in [str(pid), *children]}
 
     def stop(self) -> None:
-        """SIGTERM (uvicorn's supervisor stops its processes), SIGKILL after 15 s."""
+        """SIGTERM (the supervisor stops its server processes), SIGKILL after 15 s."""
         if self.proc.popen.poll() is None:
             self.proc.signal(signal.SIGTERM)
             try:

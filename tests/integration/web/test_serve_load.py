@@ -4,10 +4,13 @@ and no process holds more database connections than its pool plus the LISTEN con
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -282,3 +285,21 @@ def _connections_once_idle(names: set[str]) -> int:
         return sum(web_connections(names).values())
     finally:
         connections.close_all()
+
+
+def test_a_server_process_that_dies_is_replaced_on_the_same_port(serve):
+    """Each process listens on a socket of its own (SO_REUSEPORT) that the supervisor keeps:
+    a replacement takes it over, and the port answers throughout."""
+    served = serve(processes=2, threads=1)
+    pid = served.proc.popen.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 2
+    os.kill(int(children[0]), signal.SIGKILL)
+
+    def replaced() -> bool:
+        now = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return len(now) == 2 and children[0] not in now
+
+    wait_for(replaced, timeout=30, message="the supervisor to start a replacement")
+    for _ in range(20):  # connections land on both sockets: every one is answered
+        assert httpx.get(served.url + "/workers", trust_env=False, timeout=30).status_code == 401
