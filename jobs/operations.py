@@ -26,7 +26,7 @@ import functools
 import importlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -271,7 +271,34 @@ def _additional_properties(validator: Any, additional: Any, instance: Any, schem
             )
 
 
-# Draft 2020-12 with every regex keyword on RE2. (``unevaluatedProperties``
+def _comparable(value: Any) -> Hashable:
+    """A hashable form of a JSON value under JSON Schema's equality: ``1 == 1.0``,
+    ``true != 1``, objects compared without regard to key order."""
+    if isinstance(value, dict):
+        return frozenset((key, _comparable(item)) for key, item in value.items())
+    if isinstance(value, list):
+        return tuple(_comparable(item) for item in value)
+    if isinstance(value, bool):
+        return (bool, value)
+    return value
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
+    """``uniqueItems`` in linear time. jsonschema's own falls back to comparing every pair
+    when items are objects: 4,000 of them took 22 s, and a 1 MiB payload holds 100,000."""
+    if unique and validator.is_type(instance, "array"):
+        seen: set[Hashable] = set()
+        for item in instance:
+            key = _comparable(item)
+            if key in seen:
+                shown = repr(item)
+                shown = shown if len(shown) <= 80 else shown[:77] + "..."
+                yield jsonschema.ValidationError(f"has non-unique elements ({shown} repeats)")
+                return
+            seen.add(key)
+
+
+# Draft 2020-12 with every regex keyword on RE2, and uniqueItems in linear time. (``unevaluatedProperties``
 # next to ``patternProperties`` would match on Python's ``re``: refused by
 # ``schema_problem``.)
 RE2Draft202012Validator = jsonschema.validators.extend(
@@ -280,6 +307,7 @@ RE2Draft202012Validator = jsonschema.validators.extend(
         "pattern": _pattern,
         "patternProperties": _pattern_properties,
         "additionalProperties": _additional_properties,
+        "uniqueItems": _unique_items,
     },
 )
 # The metaschema check without format checks: the "regex" format would
