@@ -298,9 +298,9 @@ def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> An
             seen.add(key)
 
 
-# Draft 2020-12 with every regex keyword on RE2, and uniqueItems in linear time. (``unevaluatedProperties``
-# next to ``patternProperties`` would match on Python's ``re``: refused by
-# ``schema_problem``.)
+# Draft 2020-12 with every regex keyword on RE2, and uniqueItems in linear
+# time. (``unevaluatedProperties`` next to ``patternProperties`` would match
+# on Python's ``re``: refused by ``schema_problem``.)
 RE2Draft202012Validator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
     validators={
