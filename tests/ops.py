@@ -41,6 +41,11 @@ def returns(ctx, payload):
         return {"ratio": float("nan")}
     if kind == "emit_nul":
         ctx.emit("test.bad", "a\x00b")
+    if kind == "deep":  # deeper than json.dumps can recurse
+        deep: list = []
+        for _ in range(5000):
+            deep = [deep]
+        return {"deep": deep}
     return {"ok": True}
 
 

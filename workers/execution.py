@@ -76,6 +76,8 @@ def _json_safe(value: Any, what: str) -> Any:
     """
     try:
         data = json.loads(json.dumps(value, default=str, allow_nan=False))
+    except RecursionError:
+        raise UnstorableValue(f"The {what} is nested too deeply to store.") from None
     except (TypeError, ValueError) as error:
         raise UnstorableValue(f"The {what} is not JSON: {error}.") from None
     found = first_unstorable(data, what)

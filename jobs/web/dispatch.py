@@ -7,10 +7,10 @@ the event loop and that thread several times per request. Here that cost was
 
 So each request goes one of two ways, decided by the view its path resolves to:
 
-* **async views** (the long-polling claim) go to Django's ASGI handler and
-  wait on the event loop, holding no thread and no connection; the sync
-  middleware around them shares one thread, and their blocking steps run on
-  the web threads (``jobs.web.threads.WebThreads.run``);
+* **async views** (the long-polling claim) go to Django's ASGI handler
+  without the middleware stack (``AsyncViewHandler``) and wait on the event
+  loop, holding no thread and no connection; their blocking steps run on the
+  web threads (``jobs.web.threads.WebThreads.run``);
 * **every other view** goes through a WSGI bridge (a2wsgi's responder) onto
   the process's fixed web threads: one hop per request, at most
   ``WEB_THREADS`` at once, a 503 with ``Retry-After`` when none frees up in time.
@@ -32,6 +32,7 @@ from a2wsgi.wsgi import WSGIResponder
 from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.exception import convert_exception_to_response
 from django.core.handlers.wsgi import WSGIHandler
 from django.urls import Resolver404, get_resolver
 
@@ -46,14 +47,55 @@ class BodyTooLarge(Exception):
     pass
 
 
+# What SecurityMiddleware would add to these responses (its defaults).
+SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+
+
+class AsyncViewHandler(ASGIHandler):
+    """Django's ASGI handler for async views, without ``settings.MIDDLEWARE``.
+
+    Every middleware we run is a sync one, so each costs two hops to a thread
+    and back on the async path: eighteen per request. A thousand long-polls
+    answered at the end of their wait queued up behind those hops on one
+    thread and came back up to 1.6 s late. The async views (the remote-worker
+    claim) need none of them: DRF authenticates each attempt by token, CSRF
+    does not apply, no session is read. The security headers are added by the
+    dispatcher (``SECURITY_HEADERS``).
+    """
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        super().load_middleware(is_async=is_async)
+        self._view_middleware = []
+        self._template_response_middleware = []
+        self._exception_middleware = []
+        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+
+
+def with_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
+    """A ``send`` that adds ``extra`` headers to the response's start (unless already set)."""
+
+    async def send_with_headers(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            present = {name.lower() for name, _ in message.get("headers", [])}
+            added = [(k, v) for k, v in extra if k not in present]
+            message = {**message, "headers": [*message.get("headers", []), *added]}
+        await send(message)
+
+    return send_with_headers
+
+
 class HttpDispatcher:
     """ASGI app for ``http`` scopes: async views on the loop, sync views on bounded threads."""
 
     def __init__(self, threads: WebThreads | None = None) -> None:
         self._threads = threads
-        self.asgi = ASGIHandler()
+        self.asgi = AsyncViewHandler()
         self.wsgi = WSGIHandler()
-        # The sync middleware around async views: one thread for all of them.
+        # Sync code Django itself runs around async views (an exception's response).
         self._middleware_thread = ThreadPoolExecutor(1, thread_name_prefix="web-async-mw")
 
     @property
@@ -76,7 +118,7 @@ class HttpDispatcher:
         if self.is_async_view(scope):
             serving.set(self.threads)
             async with ThreadSensitiveContext(executor=self._middleware_thread):
-                await self.asgi(scope, receive, send)
+                await self.asgi(scope, receive, with_headers(send, SECURITY_HEADERS))
             return
         try:
             async with self.threads.slot():

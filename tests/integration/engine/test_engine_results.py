@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_an_unstorable_result_fails_its_job_and_spares_its_batch(worker):
     specs = [JobSpec("ping", queue="results") for _ in range(6)] + [
         JobSpec("test.returns", {"kind": kind}, queue="results")
-        for kind in ("nul", "nan", "emit_nul")
+        for kind in ("nul", "nan", "emit_nul", "deep")
     ]
     jobs = enqueue_many(specs)
     proc = worker("results", args=("--concurrency", "8", "--burst"))
@@ -30,12 +30,14 @@ def test_an_unstorable_result_fails_its_job_and_spares_its_batch(worker):
     }
     pings = [r for r in rows.values() if r["operation"] == "ping"]
     assert [r["status"] for r in pings] == ["succeeded"] * 6
-    nul, nan, emit_nul = (rows[str(j.pk)] for j in jobs[6:])
+    nul, nan, emit_nul, deep = (rows[str(j.pk)] for j in jobs[6:])
     assert (nul["status"], nul["error_code"]) == ("failed", "ResultNotSerializable")
     assert "NUL" in nul["error_message"] and "result.text" in nul["error_message"]
     assert (nan["status"], nan["error_code"]) == ("failed", "ResultNotSerializable")
     assert emit_nul["status"] == "failed" and emit_nul["error_code"] == "UnstorableValue"
     assert "message contains a NUL" in emit_nul["error_message"]
+    assert (deep["status"], deep["error_code"]) == ("failed", "ResultNotSerializable")
+    assert "nested too deeply" in deep["error_message"]
 
 
 def test_a_plain_result_is_stored_as_returned(worker):

@@ -401,3 +401,17 @@ def test_permission_and_ownership(server, make_token, api):
         assert other.delete(f"/workers/{worker['id']}").status_code == 404
     assert job_status(job.pk) == "running"
     assert Worker.objects.filter(pk=worker["id"]).exists()
+
+
+def test_a_claim_answer_carries_the_security_headers_of_every_response(api):
+    """The claim (an async view) skips the middleware stack; its answers still say nosniff."""
+    worker = register(api)
+    claimed = api.post(f"/workers/{worker['id']}/claim", json={"limit": 1, "wait": 0.2})
+    listed = api.get("/jobs")  # a sync view, through the middleware (403: a worker's account)
+    assert claimed.status_code == 200 and listed.status_code == 403, listed.text
+    for response in (claimed, listed):
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "same-origin"
+    refused = api.post(f"/workers/{uuid.uuid4()}/claim", json={"limit": 1})
+    assert refused.status_code == 404 and refused.json()["message"]
+    assert refused.headers["x-content-type-options"] == "nosniff"
