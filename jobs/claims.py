@@ -248,13 +248,16 @@ def extend_leases(
     """
     d = dialect(using)
     now = timezone.now()
+    beat = (
+        "UPDATE jobs_worker SET last_heartbeat = %s WHERE id = %s",
+        [d.ts(now), d.uuid(worker_id)],
+    )
+    if not held:  # one statement: no transaction to open (remote workers poll this)
+        with connections[using].cursor() as cursor:
+            cursor.execute(*beat)
+        return set()
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(
-            "UPDATE jobs_worker SET last_heartbeat = %s WHERE id = %s",
-            [d.ts(now), d.uuid(worker_id)],
-        )
-        if not held:
-            return set()
+        cursor.execute(*beat)
         ids = [d.uuid(job_id) for job_id, _ in held]
         tokens = [d.uuid(token) for _, token in held]
         # Probed by primary key; a token belongs to one job, so "id in ours and

@@ -54,6 +54,8 @@ DEFAULTS: dict[str, Any] = {
     "COUNT_CAP": 10_000,
     # Web processes: how long a token (with its user and permissions) is remembered.
     "TOKEN_CACHE_SECONDS": 10.0,
+    # Web processes: how long queue settings (paused, caps) are remembered for remote claims.
+    "QUEUE_SETTINGS_CACHE_SECONDS": 1.0,
     # Where operations live: modules imported at start-up. Every installed
     # app's ``operations`` module is imported as well.
     "OPERATION_MODULES": ["jobs.diagnostics", "jobs.tasks_backend"],

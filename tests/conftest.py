@@ -26,6 +26,8 @@ FAST_KNOBS = {
     "CONTROLPLANE_BATCH_VISIBILITY_SECONDS": "3",
     "CONTROLPLANE_DB_RETRY_INITIAL_SECONDS": "0.1",
     "CONTROLPLANE_DB_RETRY_MAX_SECONDS": "1",
+    # Each test starts from a flushed database, which a server's cached queue settings miss.
+    "CONTROLPLANE_QUEUE_SETTINGS_CACHE_SECONDS": "0",
 }
 
 
@@ -152,3 +154,12 @@ def wait_for_other_sessions_to_finish(timeout: float = 5.0) -> None:
         quiet = 0 if busy else quiet + 1
         if quiet < 2:
             time.sleep(0.02)
+
+
+@pytest.fixture(autouse=True)
+def _forget_cached_queue_settings() -> Iterator[None]:
+    """The flush between tests deletes queue rows without signals: start from a cold cache."""
+    from jobs.remote.runs import queue_settings
+
+    queue_settings.forget()
+    yield

@@ -221,10 +221,9 @@ def heartbeat_worker(request: Request, worker_id: Any) -> Response:  # PATCH /wo
     held = body.get("held")
     pairs = [(h["id"], h["lease_token"]) for h in held] if held is not None else None
     result = remote.heartbeat(worker_id=worker_id, user=request.user, held=pairs)
-    worker = remote.get_remote_worker(worker_id, user=request.user)
     return Response(
         {
-            **worker_json(worker),
+            **worker_json(result.worker),
             "held": [str(i) for i in result.held],
             "lost": [str(i) for i in result.lost],
             "cancelled": [str(i) for i in result.cancelled],

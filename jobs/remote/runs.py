@@ -14,12 +14,15 @@ columns are a 400 before any write.
 from __future__ import annotations
 
 import random
+import threading
+import time
 import uuid
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
 from jobs.claims import ClaimedJob, claim_jobs
@@ -64,9 +67,46 @@ INVALID = "The request is invalid: fix the fields named in 'errors'."
 # --- claim ----------------------------------------------------------------------
 
 
+class _QueueSettings:
+    """Every queue's settings, read at most once per ``TTL`` seconds per process.
+
+    A claim attempt is what long-polling workers repeat: with the settings
+    cached it costs the worker's row and one ``EXISTS``. A pause or a cap
+    changed in this process is seen at once (``post_save``); one changed in
+    another process within ``QUEUE_SETTINGS_CACHE_SECONDS`` (1, as local
+    workers re-read them; 0 reads them on every attempt).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._read_at = -float("inf")
+        self._queues: dict[str, Queue] = {}
+
+    def get(self) -> dict[str, Queue]:
+        ttl = float(knob("QUEUE_SETTINGS_CACHE_SECONDS"))
+        with self._lock:
+            if time.monotonic() - self._read_at < ttl:
+                return self._queues
+        queues = {q.name: q for q in Queue.objects.all()}
+        with self._lock:
+            self._queues, self._read_at = queues, time.monotonic()
+        return queues
+
+    def forget(self, *args: Any, **kwargs: Any) -> None:
+        with self._lock:
+            self._read_at = -float("inf")
+
+
+queue_settings = _QueueSettings()
+post_save.connect(queue_settings.forget, sender=Queue, dispatch_uid="jobs.remote.queue_settings")
+post_delete.connect(
+    queue_settings.forget, sender=Queue, dispatch_uid="jobs.remote.queue_settings.d"
+)
+
+
 def _open_job_queues(worker: Worker) -> tuple[list[str], dict[str, int]]:
     """The worker's queues that are job queues and not paused, and the caps among them."""
-    settings = {q.name: q for q in Queue.objects.filter(name__in=worker.queues)}
+    settings = queue_settings.get()
     uncapped, capped = [], {}
     for name in worker.queues:
         q = settings.get(name)

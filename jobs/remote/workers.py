@@ -53,6 +53,7 @@ class HeartbeatResult:
     held: list[uuid.UUID]
     lost: list[uuid.UUID]
     cancelled: list[uuid.UUID]
+    worker: Worker  # as of this heartbeat (``last_heartbeat`` included)
 
 
 def get_remote_worker(worker_id: uuid.UUID | str, *, user: Any) -> Worker:
@@ -298,8 +299,9 @@ def heartbeat(
         else set()
     )
     kept = [job_id for job_id, _ in pairs if job_id not in lost]
+    worker.last_heartbeat = timezone.now()  # what extend_leases just wrote, to the millisecond
     return HeartbeatResult(
-        held=kept, lost=sorted(lost, key=str), cancelled=sorted(cancelled, key=str)
+        held=kept, lost=sorted(lost, key=str), cancelled=sorted(cancelled, key=str), worker=worker
     )
 
 

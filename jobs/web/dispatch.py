@@ -69,9 +69,9 @@ class AsyncViewHandler(ASGIHandler):
 
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=is_async)
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
         self._middleware_chain = convert_exception_to_response(self._get_response_async)
 
 
