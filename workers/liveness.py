@@ -25,7 +25,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
+import psycopg
 from django.db import connection
 
 from jobs.models import Worker, WorkerKind
@@ -37,20 +39,21 @@ LOCK_CLASS = 0x63706C76
 _KEY = "hashtext({}) & 2147483647"
 
 
-def hold_liveness_lock(conn, worker_id: uuid.UUID) -> bool:
+def hold_liveness_lock(conn: psycopg.Connection[Any], worker_id: uuid.UUID) -> bool:
     """Take ``worker_id``'s liveness lock on ``conn`` (a psycopg autocommit connection) and
     mark the worker's row; False while another session still holds it (the worker's
     previous session, not yet ended)."""
-    held = conn.execute(
+    row = conn.execute(
         f"SELECT pg_try_advisory_lock(%s, {_KEY.format('%s')})", [LOCK_CLASS, str(worker_id)]
-    ).fetchone()[0]
+    ).fetchone()
+    held = bool(row and row[0])
     if held:
         conn.execute(
             f"UPDATE {Worker._meta.db_table} SET liveness_lock = true "
             "WHERE id = %s AND NOT liveness_lock",
             [worker_id],
         )
-    return bool(held)
+    return held
 
 
 def workers_without_liveness() -> list[uuid.UUID]:

@@ -10,7 +10,8 @@ every page and endpoint reads the same way and stays on an index:
 - ``estimated_count(queryset, cap)``: counts at most ``cap`` rows, never the
   whole table.
 - ``job_events_after(job_id, after, limit)``: the timeline cursor over the
-  per-job ``seq`` (the unique ``(job, seq)`` index).
+  per-job ``seq`` (the unique ``(job, seq)`` index); ``job_events_page`` adds
+  the job's last seq in the same statement (the polled ``/events`` endpoint).
 - ``queue_stats()`` / ``queue_detail(name)`` and ``worker_list()`` /
   ``worker_detail(id)``: the operator overviews.
 
@@ -46,7 +47,6 @@ from jobs.selectors.jobs import (
     job_events_page,
     job_get,
     job_ids_batches,
-    job_last_seq,
     job_list,
     job_queryset,
 )
@@ -76,7 +76,6 @@ __all__ = [
     "job_filters_from_query",
     "job_get",
     "job_ids_batches",
-    "job_last_seq",
     "job_list",
     "job_queryset",
     "parse_limit",

@@ -179,15 +179,3 @@ def job_events_page(
     if not rows:
         return None
     return rows[0].job_last_seq, [row for row in rows if row.seq is not None]
-
-
-def job_last_seq(job_id: uuid.UUID) -> int | None:
-    """The largest seq of a job's timeline (0 when it has none), or None when no such job.
-
-    One primary-key read: every event writer bumps ``Job.last_event_seq`` in
-    the transaction that inserts the event. The events poller caps the
-    ``last_seq`` it returns with this, so a client that sent an ``after``
-    beyond the end resumes at the real end instead of skipping the events
-    still to come.
-    """
-    return Job.objects.filter(pk=job_id).values_list("last_event_seq", flat=True).first()
