@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import logging
 import multiprocessing
 import os
@@ -32,6 +33,18 @@ def exit_with_supervisor() -> None:
         log.debug("prctl(PR_SET_PDEATHSIG) is not available here.")
 
 
+def freeze_startup_objects() -> None:
+    """Move what start-up allocated (Django, the URL conf, the apps) out of the collector's way.
+
+    A full collection otherwise walks every one of those objects again, each
+    time: 60-80 ms pauses of the whole process under load, measured with a
+    ``gc.callbacks`` timer, which land in the p99 of every request queued
+    behind them.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def close_pools() -> None:
     """Close every connection pool of this process (and the shared LISTEN connection)."""
     from jobs.remote.listener import listener
@@ -47,6 +60,7 @@ async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
         message = await receive()
         if message["type"] == "lifespan.startup":
             exit_with_supervisor()
+            freeze_startup_objects()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await asyncio.to_thread(close_pools)
