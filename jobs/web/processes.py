@@ -3,9 +3,9 @@
 Why not uvicorn's ``--workers``: its processes share one listening socket and
 take turns accepting from it, and the turns are far from fair. Measured with
 32 keep-alive clients on two processes: 25 connections landed on one process
-and 7 on the other, so one queued for its threads while the other idled
-(p99 above 1 s at 1,400 req/s). With ``SO_REUSEPORT`` each process has a
-socket of its own and the kernel spreads new connections evenly over them.
+and 7 on the other, so one queued for its threads while the other idled.
+With ``SO_REUSEPORT`` each process has a socket of its own and the kernel
+spreads new connections over them by a hash of each connection's addresses.
 
 The supervisor (``manage.py serve``) binds the sockets and keeps them: a
 process that dies is restarted on the same socket, and connections the
@@ -17,7 +17,6 @@ Each server process is ``python -m jobs.web.processes --fd N`` (uvicorn's
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import socket
@@ -27,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger("jobs.web")
 SUPERVISED = "CONTROLPLANE_WEB_SUPERVISED"  # set in the environment of each server process
 BACKLOG = 2048
 
