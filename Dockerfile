@@ -21,7 +21,6 @@ COPY jobs ./jobs
 COPY workers ./workers
 COPY dashboard ./dashboard
 COPY templates ./templates
-COPY static ./static
 
 RUN useradd --create-home --uid 10001 app && chown -R app /app
 USER app

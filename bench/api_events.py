@@ -80,7 +80,7 @@ def drop_database(server_url: str, name: str) -> None:
 # Deterministic job ids: job number i has id md5(i)::uuid, so events can be
 # generated for a range of jobs without reading the jobs back.
 JOBS_SQL = """
-INSERT INTO jobs_job (
+INSERT INTO controlplane_job (
     id, operation, queue, payload, status, priority, run_after, expires_at, attempts,
     max_attempts, lease_requeues, parent_id, progress_current, progress_total, leased_until,
     lease_token, worker_id, result, error_code, error_message, created_at, started_at,
@@ -96,7 +96,7 @@ FROM (
 """
 
 EVENTS_SQL = """
-INSERT INTO jobs_jobevent (job_id, seq, ts, event, level, message, fields)
+INSERT INTO controlplane_jobevent (job_id, seq, ts, event, level, message, fields)
 SELECT md5(i::text)::uuid, s, now() - (%(jobs)s - i) * interval '10 ms' + s * interval '1 ms',
        CASE WHEN s = 1 THEN 'job.enqueued' ELSE 'bench.tick' END, 'info', '',
        jsonb_build_object('n', s)
@@ -108,16 +108,18 @@ def fill(jobs: int, events: int, chunk: int, refill: bool) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM jobs_job")
+        cursor.execute("SELECT count(*) FROM controlplane_job")
         have_jobs = cursor.fetchone()[0]
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'jobs_jobevent'")
+        cursor.execute(
+            "SELECT reltuples::bigint FROM pg_class WHERE relname = 'controlplane_jobevent'"
+        )
         have_events = cursor.fetchone()[0]
         wanted = jobs * events
         if not refill and have_jobs == jobs and abs(have_events - wanted) <= wanted * 0.05:
             print(f"reusing {have_jobs:,} jobs and about {have_events:,} events", flush=True)
             return
         print(f"filling {jobs:,} jobs and {jobs * events:,} events", flush=True)
-        cursor.execute("TRUNCATE jobs_jobevent, jobs_job CASCADE")
+        cursor.execute("TRUNCATE controlplane_jobevent, controlplane_job CASCADE")
         cursor.execute("SET synchronous_commit = off")
         started = time.monotonic()
         for start in range(1, jobs + 1, chunk):
@@ -131,8 +133,8 @@ def fill(jobs: int, events: int, chunk: int, refill: bool) -> None:
                 flush=True,
             )
         print("  analyze", flush=True)
-        cursor.execute("ANALYZE jobs_job")
-        cursor.execute("ANALYZE jobs_jobevent")
+        cursor.execute("ANALYZE controlplane_job")
+        cursor.execute("ANALYZE controlplane_jobevent")
         print(f"filled in {time.monotonic() - started:,.0f} s", flush=True)
 
 
@@ -200,14 +202,14 @@ def measure(jobs: int, events: int, runs: int, requests: int) -> None:
 
     print("plan of GET /jobs/<id>/events?after=N (a random job, after = half its timeline):")
     explain(
-        "SELECT * FROM jobs_jobevent WHERE job_id = %s AND seq > %s ORDER BY seq LIMIT 500",
+        "SELECT * FROM controlplane_jobevent WHERE job_id = %s AND seq > %s ORDER BY seq LIMIT 500",
         [any_job(), events // 2],
     )
     print("plan of GET /jobs (first page, no filter):")
-    explain("SELECT * FROM jobs_job ORDER BY created_at DESC, id DESC LIMIT 51", [])
+    explain("SELECT * FROM controlplane_job ORDER BY created_at DESC, id DESC LIMIT 51", [])
     print("plan of GET /jobs?queue=q3&status=succeeded (first page):")
     explain(
-        "SELECT * FROM jobs_job WHERE queue IN ('q3') AND status IN ('succeeded') "
+        "SELECT * FROM controlplane_job WHERE queue IN ('q3') AND status IN ('succeeded') "
         "ORDER BY created_at DESC, id DESC LIMIT 51",
         [],
     )

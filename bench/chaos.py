@@ -138,8 +138,9 @@ def reset() -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE jobs_jobevent, jobs_batchreceipt, jobs_batchmessage, jobs_job, "
-            "jobs_operatoraction CASCADE; DELETE FROM jobs_worker"
+            "TRUNCATE controlplane_jobevent, controlplane_batchreceipt, "
+            "controlplane_batchmessage, controlplane_job, "
+            "controlplane_operatoraction CASCADE; DELETE FROM controlplane_worker"
         )
 
 
@@ -176,7 +177,7 @@ def steady_rate() -> float:
     low, high, count = _rows(
         "SELECT percentile_disc(0.1) WITHIN GROUP (ORDER BY finished_at), "
         "percentile_disc(0.9) WITHIN GROUP (ORDER BY finished_at), count(finished_at) "
-        "FROM jobs_job"
+        "FROM controlplane_job"
     )[0]
     if not count or low is None or high is None or high <= low:
         return float("nan")
@@ -194,13 +195,15 @@ def rescue_costs() -> dict[str, float]:
     waits = [
         row[0]
         for row in _rows(
-            "SELECT extract(epoch FROM r.ts - (SELECT max(s.ts) FROM jobs_jobevent s "
+            "SELECT extract(epoch FROM r.ts - (SELECT max(s.ts) FROM controlplane_jobevent s "
             "WHERE s.job_id = r.job_id AND s.event = 'job.started' AND s.seq < r.seq)) "
-            "FROM jobs_jobevent r WHERE r.event = 'job.lease_expired_requeue'"
+            "FROM controlplane_jobevent r WHERE r.event = 'job.lease_expired_requeue'"
         )
         if row[0] is not None
     ]
-    outage = _rows("SELECT count(*) FROM jobs_jobevent WHERE event = 'job.outage_requeue'")[0][0]
+    outage = _rows("SELECT count(*) FROM controlplane_jobevent WHERE event = 'job.outage_requeue'")[
+        0
+    ][0]
     return {
         "lease_requeues": len(waits),
         "wait_mean": statistics.fmean(waits) if waits else 0.0,

@@ -62,7 +62,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--payload-index",
         action="store_true",
-        help="Time with a GIN (jsonb_path_ops) index on jobs_job.payload, "
+        help="Time with a GIN (jsonb_path_ops) index on controlplane_job.payload, "
         "created for the run and dropped after it.",
     )
     return parser.parse_args()
@@ -98,7 +98,7 @@ def drop_database(args: argparse.Namespace) -> None:
 # --- the data --------------------------------------------------------------------
 
 JOBS_SQL = """
-INSERT INTO jobs_job (
+INSERT INTO controlplane_job (
     id, operation, queue, payload, status, priority, run_after, attempts, max_attempts,
     lease_requeues, progress_current, progress_total, leased_until, lease_token, worker_id,
     result, error_code, error_message, created_at, started_at, finished_at,
@@ -144,13 +144,13 @@ FROM (
 """
 
 EVENTS_SQL = """
-INSERT INTO jobs_jobevent (job_id, seq, ts, event, level, message, fields)
+INSERT INTO controlplane_jobevent (job_id, seq, ts, event, level, message, fields)
 SELECT j.id, s.seq, j.created_at + s.seq * interval '1 second',
     CASE s.seq WHEN 1 THEN 'job.enqueued' WHEN 2 THEN 'job.started' ELSE 'job.' || j.status END,
     CASE WHEN s.seq = 3 AND j.status = 'failed' THEN 'error' ELSE 'info' END,
     CASE WHEN s.seq = 3 AND j.status = 'failed' THEN j.error_message ELSE '' END,
     '{}'::jsonb
-FROM jobs_job j CROSS JOIN LATERAL generate_series(1, j.last_event_seq) AS s(seq)
+FROM controlplane_job j CROSS JOIN LATERAL generate_series(1, j.last_event_seq) AS s(seq)
 WHERE j.created_at <= %(upper)s AND j.created_at > %(lower)s
 """
 
@@ -167,7 +167,10 @@ def fill(args: argparse.Namespace) -> dict:
     if count != args.jobs or args.refill:
         started = time.perf_counter()
         with connection.cursor() as cursor:
-            cursor.execute("TRUNCATE jobs_jobevent, jobs_job, jobs_worker, jobs_queue CASCADE")
+            cursor.execute(
+                "TRUNCATE controlplane_jobevent, controlplane_job, controlplane_worker, "
+                "controlplane_queue CASCADE"
+            )
         now = timezone.now()
         alive = Worker.objects.create(
             hostname="bench-worker-1", pid=1, queues=QUEUES, concurrency=16
@@ -205,7 +208,8 @@ def fill(args: argparse.Namespace) -> dict:
             # One job with a long timeline, and reaper activity in the last hour.
             hot = Job.objects.filter(status="running").order_by("-created_at").first()
             cursor.execute(
-                "INSERT INTO jobs_jobevent (job_id, seq, ts, event, level, message, fields) "
+                "INSERT INTO controlplane_jobevent "
+                "(job_id, seq, ts, event, level, message, fields) "
                 "SELECT %s, 2 + s, now() - (5000 - s) * interval '10 ms', 'sleep.tick', 'info', "
                 "'step ' || s, "
                 "jsonb_build_object('_progress_current', s, '_progress_total', 10000) "
@@ -216,17 +220,18 @@ def fill(args: argparse.Namespace) -> dict:
                 last_event_seq=5002, progress_current=5000, progress_total=10000
             )
             cursor.execute(
-                "INSERT INTO jobs_jobevent (job_id, seq, ts, event, level, message, fields) "
+                "INSERT INTO controlplane_jobevent "
+                "(job_id, seq, ts, event, level, message, fields) "
                 "SELECT id, last_event_seq + 1, now() - (random() * interval '50 min'), "
                 "'job.lease_expired_requeue', 'warning', 'lease expired; requeued', '{}'::jsonb "
-                "FROM jobs_job WHERE status = 'succeeded' "
+                "FROM controlplane_job WHERE status = 'succeeded' "
                 "AND created_at > now() - interval '2 hours' LIMIT 300"
             )
         Queue.objects.create(name=BACKLOG_QUEUE, paused=True)
         Queue.objects.create(name="emails", concurrency_cap=20)
         with connection.cursor() as cursor:
-            cursor.execute("VACUUM ANALYZE jobs_job")
-            cursor.execute("VACUUM ANALYZE jobs_jobevent")
+            cursor.execute("VACUUM ANALYZE controlplane_job")
+            cursor.execute("VACUUM ANALYZE controlplane_jobevent")
         print(f"  filled in {time.perf_counter() - started:.0f} s", flush=True)
     user, _ = User.objects.get_or_create(username="bench-operator", defaults={"is_superuser": True})
     running = Job.objects.filter(status="running").order_by("-created_at").first()
@@ -304,10 +309,10 @@ def main() -> None:
 
         with connection.cursor() as cursor:
             cursor.execute(
-                "CREATE INDEX IF NOT EXISTS bench_payload_gin ON jobs_job "
+                "CREATE INDEX IF NOT EXISTS bench_payload_gin ON controlplane_job "
                 "USING gin (payload jsonb_path_ops)"
             )
-        print("  with a GIN index on jobs_job.payload", flush=True)
+        print("  with a GIN index on controlplane_job.payload", flush=True)
     client = Client()
     client.force_login(ids["user"])
     targets = pages(ids)

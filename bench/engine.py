@@ -96,8 +96,9 @@ class EngineSystem(QueueSystem):
 
     def reset(self) -> None:
         self.sql(
-            "TRUNCATE jobs_jobevent, jobs_batchreceipt, jobs_batchmessage, jobs_job CASCADE; "
-            "DELETE FROM jobs_worker; DELETE FROM jobs_queue WHERE name = %s",
+            "TRUNCATE controlplane_jobevent, controlplane_batchreceipt, "
+            "controlplane_batchmessage, controlplane_job CASCADE; "
+            "DELETE FROM controlplane_worker; DELETE FROM controlplane_queue WHERE name = %s",
             [QUEUE],
         )
 
@@ -140,20 +141,22 @@ class EngineSystem(QueueSystem):
         }
 
     def workers_ready(self, group: WorkerGroup, processes: int) -> bool:
-        return self.sql("SELECT count(*) FROM jobs_worker")[0][0] >= processes
+        return self.sql("SELECT count(*) FROM controlplane_worker")[0][0] >= processes
 
     def backend_pids(self) -> list[int]:
         return [r[0] for r in self.sql(BACKENDS_SQL)]
 
     def succeeded_count(self) -> int:
-        return self.sql("SELECT count(*) FROM jobs_jobevent WHERE event = 'job.succeeded'")[0][0]
+        return self.sql("SELECT count(*) FROM controlplane_jobevent WHERE event = 'job.succeeded'")[
+            0
+        ][0]
 
     def drain_window(self):
         count, first, last, started = self.sql(
             "SELECT count(*) FILTER (WHERE event = 'job.succeeded'), "
             "min(ts) FILTER (WHERE event = 'job.started'), "
             "max(ts) FILTER (WHERE event = 'job.succeeded'), "
-            "count(*) FILTER (WHERE event = 'job.started') FROM jobs_jobevent"
+            "count(*) FILTER (WHERE event = 'job.started') FROM controlplane_jobevent"
         )[0]
         if started != count:
             raise RuntimeError(f"engine: {started} job.started events for {count} job.succeeded")
@@ -161,7 +164,7 @@ class EngineSystem(QueueSystem):
 
     def drain_extra(self) -> dict[str, float]:
         jobs, claims = self.sql(
-            "SELECT count(*), count(DISTINCT (worker_id, started_at)) FROM jobs_job "
+            "SELECT count(*), count(DISTINCT (worker_id, started_at)) FROM controlplane_job "
             "WHERE status = 'succeeded' AND worker_id IS NOT NULL"
         )[0]
         return {"jobs per claim": jobs / claims if claims else float("nan")}
@@ -175,13 +178,16 @@ class EngineSystem(QueueSystem):
     def started_latency(self, handle: object) -> float | None:
         job_id, created_at = handle
         rows = self.sql(
-            "SELECT ts FROM jobs_jobevent WHERE job_id = %s AND event = 'job.started'", [job_id]
+            "SELECT ts FROM controlplane_jobevent WHERE job_id = %s AND event = 'job.started'",
+            [job_id],
         )
         return (rows[0][0] - created_at).total_seconds() if rows else None
 
     def finished(self, handle: object) -> bool:
         return bool(
-            self.sql("SELECT 1 FROM jobs_job WHERE id = %s AND status = 'succeeded'", [handle[0]])
+            self.sql(
+                "SELECT 1 FROM controlplane_job WHERE id = %s AND status = 'succeeded'", [handle[0]]
+            )
         )
 
 
@@ -245,7 +251,7 @@ def run_system(
 def fill_big(engine: EngineSystem, finished: int, scheduled: int) -> None:
     engine.reset()
     engine.sql(
-        "INSERT INTO jobs_job (id, operation, queue, payload, status, priority, run_after, "
+        "INSERT INTO controlplane_job (id, operation, queue, payload, status, priority, run_after, "
         "attempts, max_attempts, lease_requeues, progress_current, error_code, error_message, "
         "created_at, started_at, finished_at, last_event_seq, last_event_at, result) "
         "SELECT gen_random_uuid(), 'ping', %s, '{}', 'succeeded', 0, t, 1, 1, 0, 0, '', '', "
@@ -257,7 +263,7 @@ def fill_big(engine: EngineSystem, finished: int, scheduled: int) -> None:
     # Future jobs at priorities -1, 0 and 1: the higher ones sit ahead of today's
     # priority-0 jobs in claim order, and must not be walked through.
     engine.sql(
-        "INSERT INTO jobs_job (id, operation, queue, payload, status, priority, run_after, "
+        "INSERT INTO controlplane_job (id, operation, queue, payload, status, priority, run_after, "
         "attempts, max_attempts, lease_requeues, progress_current, error_code, error_message, "
         "created_at, last_event_seq, last_event_at) "
         "SELECT gen_random_uuid(), 'ping', %s, '{}', 'queued', (g %% 3) - 1, "
@@ -265,7 +271,7 @@ def fill_big(engine: EngineSystem, finished: int, scheduled: int) -> None:
         "FROM generate_series(1, %s) g",
         [QUEUE, scheduled],
     )
-    engine.sql("ANALYZE jobs_job")
+    engine.sql("ANALYZE controlplane_job")
     # Write the fill's ~1 GB of dirty pages out now, not during the drain below.
     engine.sql("CHECKPOINT")
 
@@ -289,7 +295,7 @@ def explain_inside(what: str, matches, action) -> dict:
     The statement is explained exactly as the engine sends it (same SQL, same
     parameters, same session settings), then sent again for real so the
     engine's code carries on as usual. The plans of the statements run inside
-    functions it calls (the pick, ``jobs_claimable_ids``) come from
+    functions it calls (the pick, ``controlplane_claimable_ids``) come from
     auto_explain, sent to this session as LOG notices, under ``"Nested"``.
     """
     from django.db import connection, transaction
@@ -365,22 +371,24 @@ def print_plan(title: str, plan: dict) -> list[dict]:
 
 
 def _by_primary_key(node: dict) -> bool:
-    """An Index Scan on jobs_job_pkey, or a Bitmap Heap Scan fed only by it (``id = ANY(…)``)."""
+    """An Index Scan on the job primary key, or a Bitmap Heap Scan fed only by it (``= ANY``)."""
     if node["Node Type"] == "Index Scan":
-        return node.get("Index Name") == "jobs_job_pkey"
+        return node.get("Index Name") == "controlplane_job_pkey"
     if node["Node Type"] == "Bitmap Heap Scan":
         children = node.get("Plans", [])
         return bool(children) and all(
-            c["Node Type"] == "Bitmap Index Scan" and c.get("Index Name") == "jobs_job_pkey"
+            c["Node Type"] == "Bitmap Index Scan" and c.get("Index Name") == "controlplane_job_pkey"
             for c in children
         )
     return False
 
 
 def _claimable_or_primary_key(nodes: list[dict]) -> bool:
-    """jobs_job is read through an Index Scan on job_claimable_idx and primary-key probes only."""
+    """The job table is read through an Index Scan on job_claimable_idx and key probes only."""
     scans = [
-        n for n in nodes if n.get("Relation Name") == "jobs_job" and n["Node Type"] != "ModifyTable"
+        n
+        for n in nodes
+        if n.get("Relation Name") == "controlplane_job" and n["Node Type"] != "ModifyTable"
     ]
     pick = [n for n in scans if n.get("Index Name") == "job_claimable_idx"]
     return (
@@ -391,12 +399,12 @@ def _claimable_or_primary_key(nodes: list[dict]) -> bool:
 
 
 def claim_plan_check(limit: int, title: str) -> bool:
-    """Print the claim's plan; True when jobs_job is picked only through job_claimable_idx."""
+    """Print the claim's plan; True when jobs are picked only through job_claimable_idx."""
     from jobs.claims import claim_jobs
 
     plan = explain_inside(
         "claim",
-        lambda sql: "jobs_claimable_ids" in sql and "'running'" in sql,
+        lambda sql: "controlplane_claimable_ids" in sql and "'running'" in sql,
         lambda: claim_jobs(queues=[QUEUE], worker_id=uuid.uuid4(), limit=limit, lease_seconds=30),
     )
     nodes = print_plan(title, plan)
@@ -430,15 +438,23 @@ def completion_plan_check(count: int, title: str) -> bool:
         title,
         explain_inside(
             "completion",
-            lambda sql: "UPDATE jobs_job" in sql and "lease_token = NULL" in sql,
+            lambda sql: "UPDATE controlplane_job" in sql and "lease_token = NULL" in sql,
             action,
         ),
     )
-    scans = [n for n in nodes if n.get("Relation Name") == "jobs_job" and "Scan" in n["Node Type"]]
-    ok = bool(scans) and all(n.get("Index Name") == "jobs_job_pkey" for n in scans)
+    scans = [
+        n
+        for n in nodes
+        if n.get("Relation Name") == "controlplane_job" and "Scan" in n["Node Type"]
+    ]
+    ok = bool(scans) and all(n.get("Index Name") == "controlplane_job_pkey" for n in scans)
     print(
         "    -> the completion "
-        + ("probes jobs_job by primary key" if ok else "does NOT probe by primary key alone")
+        + (
+            "probes controlplane_job by primary key"
+            if ok
+            else "does NOT probe by primary key alone"
+        )
     )
     return ok
 
@@ -446,8 +462,8 @@ def completion_plan_check(count: int, title: str) -> bool:
 def cycle_plan_check(count: int, title: str) -> bool:
     """Print the plan of the worker's one-statement cycle (complete ``count``, claim ``count``).
 
-    True when ``jobs_job`` is only reached through ``job_claimable_idx`` (the
-    pick) and ``jobs_job_pkey`` (the completions and the claimed rows).
+    True when ``controlplane_job`` is only reached through ``job_claimable_idx`` (the
+    pick) and ``controlplane_job_pkey`` (the completions and the claimed rows).
     """
     from jobs.claims import Completion, claim_jobs, complete_and_claim
 
@@ -470,7 +486,7 @@ def cycle_plan_check(count: int, title: str) -> bool:
     ok = _claimable_or_primary_key(nodes)
     print(
         "    -> the cycle statement "
-        + ("reads jobs_job by claimable index and primary key only" if ok else "scans more")
+        + ("reads controlplane_job by claimable index and primary key only" if ok else "scans more")
     )
     return ok
 
@@ -488,12 +504,12 @@ def big_check(engine: EngineSystem, args, clean_drain_2: float | None) -> None:
     claim_ok = claim_plan_check(k, f"claim of {k}, {args.jobs:,} claimable")
     completion_ok = completion_plan_check(k, f"completion of {k}")
     cycle_ok = cycle_plan_check(k, f"one-statement cycle: complete {k}, claim {k}")
-    engine.sql("DELETE FROM jobs_jobevent")
-    engine.sql("DELETE FROM jobs_job WHERE status = 'queued' AND run_after <= now()")
+    engine.sql("DELETE FROM controlplane_jobevent")
+    engine.sql("DELETE FROM controlplane_job WHERE status = 'queued' AND run_after <= now()")
     rates, cpus = [], []
     for attempt in range(1, BIG_DRAINS + 1):
         if attempt > 1:
-            engine.sql("DELETE FROM jobs_jobevent")  # the drain counts job.succeeded events
+            engine.sql("DELETE FROM controlplane_jobevent")  # the drain counts job.succeeded events
         drain, _ = engine.drain_live(args.jobs, 2, k, args.poll)
         rates.append(drain.rate)
         cpus.append(drain.extra.get("cpu ms/job", float("nan")))
@@ -513,10 +529,10 @@ def big_check(engine: EngineSystem, args, clean_drain_2: float | None) -> None:
     completion_ok &= completion_plan_check(k, "completion after the drain, dead rows not vacuumed")
     cycle_ok &= cycle_plan_check(k, "one-statement cycle after the drain, dead rows not vacuumed")
     live, dead = engine.sql(
-        "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs_job'"
+        "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'controlplane_job'"
     )[0]
     print(
-        f"  jobs_job: {live:,} live and {dead:,} dead tuples; "
+        f"  controlplane_job: {live:,} live and {dead:,} dead tuples; "
         f"autovacuum {engine.sql('SHOW autovacuum')[0][0]}"
     )
     print(f"  claim plan check: {'PASS' if claim_ok else 'FAIL'}")

@@ -66,9 +66,10 @@ def empty_tables() -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE jobs_jobevent, jobs_batchmessage, jobs_batchreceipt, jobs_job CASCADE"
+            "TRUNCATE controlplane_jobevent, controlplane_batchmessage, "
+            "controlplane_batchreceipt, controlplane_job CASCADE"
         )
-        cursor.execute("VACUUM ANALYZE jobs_job")
+        cursor.execute("VACUUM ANALYZE controlplane_job")
 
 
 def one_per_call(n: int, batch: int) -> float:
@@ -109,7 +110,7 @@ def swap_indexes(definitions: dict[str, str]) -> None:
     with connection.cursor() as cursor:
         for name, definition in definitions.items():
             cursor.execute(f"DROP INDEX IF EXISTS {name}")
-            cursor.execute(f"CREATE INDEX {name} ON jobs_job {definition}")
+            cursor.execute(f"CREATE INDEX {name} ON controlplane_job {definition}")
 
 
 def psycopg_floor(n: int, batch: int) -> tuple[float, float]:

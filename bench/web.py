@@ -448,10 +448,10 @@ def remove_bench_rows() -> None:
 
     with connection.cursor() as cursor:
         queues = [list(BENCH_QUEUES)]
-        select = "SELECT id FROM jobs_job WHERE queue = ANY(%s)"
-        cursor.execute(f"DELETE FROM jobs_jobevent WHERE job_id IN ({select})", queues)
-        cursor.execute("DELETE FROM jobs_job WHERE queue = ANY(%s)", queues)
-        cursor.execute("DELETE FROM jobs_worker WHERE name = 'lp' AND kind = 'remote'")
+        select = "SELECT id FROM controlplane_job WHERE queue = ANY(%s)"
+        cursor.execute(f"DELETE FROM controlplane_jobevent WHERE job_id IN ({select})", queues)
+        cursor.execute("DELETE FROM controlplane_job WHERE queue = ANY(%s)", queues)
+        cursor.execute("DELETE FROM controlplane_worker WHERE name = 'lp' AND kind = 'remote'")
 
 
 def bench_user() -> str:
@@ -476,13 +476,13 @@ def events_job() -> tuple[str, int]:
     job = enqueue("ping", queue="bench-events")
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO jobs_jobevent (job_id, seq, ts, event, level, message, fields) "
+            "INSERT INTO controlplane_jobevent (job_id, seq, ts, event, level, message, fields) "
             "SELECT %s, s, now(), 'bench.tick', 'info', 'tick ' || s, jsonb_build_object('n', s) "
             "FROM generate_series(2, %s) AS s",
             [job.pk, EVENTS],
         )
         cursor.execute(
-            "UPDATE jobs_job SET last_event_seq = %s, last_event_at = now() WHERE id = %s",
+            "UPDATE controlplane_job SET last_event_seq = %s, last_event_at = now() WHERE id = %s",
             [EVENTS, job.pk],
         )
     return str(job.pk), EVENTS

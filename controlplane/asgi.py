@@ -16,18 +16,16 @@ import django  # noqa: E402
 
 django.setup()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter  # noqa: E402
 
-from controlplane.routing import websocket_urlpatterns  # noqa: E402
-from jobs.remote.origin import TokenOrOriginValidator  # noqa: E402
+from jobs.routing import controlplane_websockets  # noqa: E402
 from jobs.web.dispatch import HttpDispatcher  # noqa: E402
 from jobs.web.lifespan import lifespan  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": HttpDispatcher(),
-        "websocket": TokenOrOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": controlplane_websockets(),
         "lifespan": lifespan,
     }
 )

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from jobs import CONTROLPLANE_APPS
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get(
@@ -26,22 +28,15 @@ ALLOWED_HOSTS = [
 ]
 
 INSTALLED_APPS = [
-    "daphne",
-    # Before "channels": our runworker replaces Channels' command of that name.
-    "workers",
+    "daphne",  # runserver serves ASGI (WebSockets included)
+    # The control plane's apps, as a host project adds them (README).
+    *CONTROLPLANE_APPS,
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "rest_framework",
-    "rest_framework.authtoken",
-    "drf_spectacular",
-    "drf_spectacular_sidecar",
-    "channels",
-    "jobs",
-    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -142,7 +137,6 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.environ.get("CONTROLPLANE_STATIC_ROOT") or BASE_DIR / "staticfiles")
 # ``manage.py serve`` collects them and sets CONTROLPLANE_STATIC_MANIFEST=1: files are
 # then served under hashed names, compressed, with far-future cache headers.
@@ -167,27 +161,9 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 # Oversized request bodies are refused before they reach a view.
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("CONTROLPLANE_MAX_BODY_BYTES", 2 * 1024 * 1024))
 
-REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        "jobs.api.authentication.CachedTokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["jobs.api.parsers.LimitedJSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
-    "UNAUTHENTICATED_USER": None,
-}
+# The REST API sets its DRF choices on its own views (jobs.api.defaults): nothing
+# here, so a host project's REST_FRAMEWORK and SPECTACULAR_SETTINGS stay its own.
 
-SPECTACULAR_SETTINGS = {
-    "TITLE": "Job control plane API",
-    "DESCRIPTION": "Enqueue, inspect, cancel and retry jobs; run remote workers.",
-    "VERSION": "1.0.0",
-    "SERVE_INCLUDE_SCHEMA": False,
-}
-
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 TASKS = {
     "default": {

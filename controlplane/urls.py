@@ -1,4 +1,4 @@
-"""Root URLs: the admin, sign-in, the dashboard and the REST API.
+"""Root URLs of the ready-to-run deployment: the admin, sign-in, and the control plane at ``/``.
 
 The REST API's paths (``/jobs``, ``/queues``, ``/workers``, ``/schema``)
 answer every error in JSON (``jobs.api.errors``); the error handlers below
@@ -6,17 +6,12 @@ fall back to Django's HTML pages for every other path.
 """
 
 from django.contrib import admin
-from django.urls import include, path, re_path
-
-from jobs.api.errors import API_PREFIXES, api_not_found
+from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("", include("dashboard.urls")),
-    path("", include("jobs.api.urls")),
-    # Last: an unknown path under an API prefix is a JSON 404 even with DEBUG on.
-    re_path(rf"^(?:{'|'.join(API_PREFIXES)})(?:/.*)?$", api_not_found),
+    path("", include("jobs.urls")),
 ]
 
 handler400 = "jobs.api.errors.handler400"

@@ -1,7 +1,7 @@
 """Who may see and who may act.
 
-Viewers hold ``jobs.view_job`` and see everything; operators hold
-``jobs.change_job`` and may also cancel, retry, pause and requeue. Superusers
+Viewers hold ``controlplane.view_job`` and see everything; operators hold
+``controlplane.change_job`` and may also cancel, retry, pause and requeue. Superusers
 hold every permission, so they are operators. The checks live here and are
 called by every view and by the WebSocket consumer; templates only hide the
 buttons a user could not use anyway.
@@ -17,8 +17,8 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 
-VIEW_PERM = "jobs.view_job"
-ACT_PERM = "jobs.change_job"
+VIEW_PERM = "controlplane.view_job"
+ACT_PERM = "controlplane.change_job"
 
 OPERATOR = "operator"
 VIEWER = "viewer"
@@ -81,5 +81,11 @@ def operator_required(view: View) -> View:
 
 
 def actor_name(user: Any) -> str:
-    """How an operator is named in a job's timeline (``by``)."""
+    """How an operator is named in a job's timeline (``by``).
+
+    A plain name stands for itself: the ``jobs`` command acts for a shell
+    user who has no account (``--by``), and the audit log stores no user then.
+    """
+    if isinstance(user, str):
+        return user
     return user.get_username() if user and user.is_authenticated else "anonymous"

@@ -45,7 +45,7 @@ from jobs.remote.listener import listener
 
 log = logging.getLogger("dashboard.relay")
 
-EVENTS_CHANNEL = "controlplane_events"  # sent by the jobs_jobevent trigger (jobs 0002)
+EVENTS_CHANNEL = "controlplane_events"  # sent by the controlplane_jobevent trigger (jobs 0002)
 SUMMARY_PAGES = ("overview", "workers", "queues")
 
 

@@ -132,9 +132,9 @@ def queue_names(limit: int = 1000) -> list[str]:
     """
     sql = (
         "WITH RECURSIVE q(name, n) AS ("
-        " SELECT MIN(queue), 1 FROM jobs_job"
+        " SELECT MIN(queue), 1 FROM controlplane_job"
         " UNION ALL"
-        " SELECT (SELECT MIN(queue) FROM jobs_job WHERE queue > q.name), n + 1"
+        " SELECT (SELECT MIN(queue) FROM controlplane_job WHERE queue > q.name), n + 1"
         " FROM q WHERE q.name IS NOT NULL AND n < %s"
         ") SELECT name FROM q WHERE name IS NOT NULL"
     )
@@ -154,7 +154,7 @@ def queue_state_counts(names: Sequence[str]) -> dict[str, dict[str, Count]]:
     for name in names:
         for state in STATES:
             parts.append(
-                "SELECT %s, %s, (SELECT COUNT(*) FROM (SELECT 1 FROM jobs_job"
+                "SELECT %s, %s, (SELECT COUNT(*) FROM (SELECT 1 FROM controlplane_job"
                 " WHERE queue = %s AND status = %s LIMIT %s) AS t)"
             )
             params += [name, state, name, state, limit + 1]

@@ -1,4 +1,4 @@
-"""Dashboard routes. ``/`` sends people to the overview; everything else needs a login."""
+"""Dashboard routes. The mount point sends people to the overview; everything else needs a login."""
 
 from django.urls import path
 from django.views.generic import RedirectView
@@ -8,8 +8,8 @@ from dashboard.views import actions, jobs, pages
 app_name = "dashboard"
 
 urlpatterns = [
-    path("", RedirectView.as_view(url="/dashboard/", permanent=False)),
-    path("dashboard", RedirectView.as_view(url="/dashboard/", permanent=False)),
+    path("", RedirectView.as_view(pattern_name="dashboard:overview"), name="root"),
+    path("dashboard", RedirectView.as_view(pattern_name="dashboard:overview")),
     path("dashboard/", pages.overview, name="overview"),
     path("dashboard/workers/", pages.workers, name="workers"),
     path("dashboard/queues/", pages.queues, name="queues"),

@@ -2,7 +2,7 @@
 
 Needs only the client package (``pip install 'django-controlplane[client]'``
 or just ``httpx``; ``websockets`` adds push wake-ups). Give it a token of a
-user holding the ``jobs.run_remote_jobs`` permission::
+user holding the ``controlplane.run_remote_jobs`` permission::
 
     python manage.py drf_create_token alice      # on the control plane
 
@@ -13,7 +13,7 @@ user holding the ``jobs.run_remote_jobs`` permission::
 Then enqueue from anywhere, e.g.
 ``curl -H "Authorization: Token <key>" -H "Content-Type: application/json"
 -d '{"operation": "thumbnail", "payload": {"url": "https://example.com/a.png"}}'
-http://127.0.0.1:8000/jobs`` (the enqueuing user needs ``jobs.add_job``).
+http://127.0.0.1:8000/jobs`` (the enqueuing user needs ``controlplane.add_job``).
 """
 
 from __future__ import annotations

@@ -165,14 +165,14 @@ def claim_messages(*, queue: str, limit: int, visibility_seconds: float) -> list
     d = dialect()
     now = timezone.now()
     pick = (
-        "SELECT id FROM jobs_batchmessage WHERE queue = %s AND visible_after <= %s "
+        "SELECT id FROM controlplane_batchmessage WHERE queue = %s AND visible_after <= %s "
         "ORDER BY visible_after, id LIMIT %s"
     )
     if d.postgres:
         pick += " FOR UPDATE SKIP LOCKED"
     with transaction.atomic(), connections["default"].cursor() as cursor:
         cursor.execute(
-            "UPDATE jobs_batchmessage SET visible_after = %s, attempts = attempts + 1 "
+            "UPDATE controlplane_batchmessage SET visible_after = %s, attempts = attempts + 1 "
             f"WHERE id IN ({pick}) "
             "RETURNING id, queue, parent_id, operation, batch_index, payload, attempts, "
             "max_attempts, last_error",
@@ -329,7 +329,7 @@ def _write(
     cursor: Any, d: Any, op: BatchOperation, message: ClaimedMessage, output: Any, now: Any
 ) -> str:
     cursor.execute(
-        "INSERT INTO jobs_batchreceipt (parent_id, batch_index, output, written_at) "
+        "INSERT INTO controlplane_batchreceipt (parent_id, batch_index, output, written_at) "
         f"VALUES (%s, %s, {d.json_param}, %s) "
         "ON CONFLICT (parent_id, batch_index) DO NOTHING RETURNING id",
         [d.uuid(message.parent_id), message.batch_index, d.json(output), d.ts(now)],
@@ -338,7 +338,7 @@ def _write(
         return "duplicate"
     op.write(message.parent_id, message.batch_index, output)
     cursor.execute(
-        "UPDATE jobs_job SET progress_current = progress_current + 1, "
+        "UPDATE controlplane_job SET progress_current = progress_current + 1, "
         "last_event_seq = last_event_seq + 1, last_event_at = %s "
         "WHERE id = %s AND status = 'running' "
         "RETURNING id, last_event_seq, progress_current, progress_total, lease_token",
@@ -378,7 +378,7 @@ def _ack(message: ClaimedMessage, cursor: Any = None) -> None:
         BatchMessage.objects.filter(pk=message.id, attempts=message.attempts).delete()
         return
     cursor.execute(
-        "DELETE FROM jobs_batchmessage WHERE id = %s AND attempts = %s",
+        "DELETE FROM controlplane_batchmessage WHERE id = %s AND attempts = %s",
         [message.id, message.attempts],
     )
 

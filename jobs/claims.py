@@ -66,7 +66,7 @@ def _pick(
     workers provide (a live ``RemoteOperation`` this process does not run):
     read in the same statement, so a declaration is seen by the very next claim.
 
-    PostgreSQL walks priority lanes (``jobs_claimable_ids``, migration 0004):
+    PostgreSQL walks priority lanes (``controlplane_claimable_ids``, migration 0004):
     one ordered scan over ``(queue, priority DESC, run_after)`` would walk
     every job scheduled later at a higher priority before reaching today's
     work (100,000 future jobs made each claim read thousands of index
@@ -77,7 +77,7 @@ def _pick(
     """
     if d.postgres:
         return (
-            "SELECT jobs_claimable_ids(%s::text[], %s, %s, %s::text[], %s::text[])",
+            "SELECT controlplane_claimable_ids(%s::text[], %s, %s, %s::text[], %s::text[])",
             [
                 list(queues),
                 d.ts(now),
@@ -92,7 +92,7 @@ def _pick(
         conditions.append(f"operation IN {d.in_list(len(operations))}")
         params.extend(operations)
     if local_operations is not None:
-        remote = "SELECT name FROM jobs_remoteoperation WHERE deleted = %s"
+        remote = "SELECT name FROM controlplane_remoteoperation WHERE deleted = %s"
         params.append(False)
         if local_operations:
             remote += f" AND name NOT IN {d.in_list(len(local_operations))}"
@@ -116,7 +116,7 @@ def _claim_update(
 ) -> tuple[str, list[Any]]:
     """UPDATE … RETURNING that starts the picked jobs (PostgreSQL probes them by primary key)."""
     # ``id = ANY(ARRAY(…))`` evaluates the pick once (an InitPlan) and then probes
-    # jobs_pkey: never a hash semi-join over a scan of the whole table.
+    # controlplane_job_pkey: never a hash semi-join over a scan of the whole table.
     target = f"id = ANY(ARRAY({pick}))" if d.postgres else f"id IN ({pick})"
     sql = (
         f"UPDATE {JOB_TABLE} SET status = 'running', attempts = attempts + 1, "
@@ -249,7 +249,7 @@ def extend_leases(
     d = dialect(using)
     now = timezone.now()
     beat = (
-        "UPDATE jobs_worker SET last_heartbeat = %s WHERE id = %s",
+        "UPDATE controlplane_worker SET last_heartbeat = %s WHERE id = %s",
         [d.ts(now), d.uuid(worker_id)],
     )
     if not held:  # one statement: no transaction to open (remote workers poll this)
@@ -310,7 +310,7 @@ def _completion_update(
     The guard is written ``(status = 'running') IS TRUE``: the same meaning,
     but the planner cannot answer it from a partial index on ``status``
     (which would read every running row and every dead entry), so it probes
-    the batch's ids in ``jobs_job_pkey``.
+    the batch's ids in ``controlplane_job_pkey``.
     """
     check_transition(RUNNING, SUCCEEDED)
     params: list[Any] = [d.ts(now), d.ts(now)]

@@ -34,7 +34,7 @@ from jobs.remote.origin import token_from_scope
 from jobs.remote.relay import queue_group, relay
 from jobs.remote.workers import get_remote_worker
 
-PERMISSION = "jobs.run_remote_jobs"
+PERMISSION = "controlplane.run_remote_jobs"
 
 
 @database_sync_to_async

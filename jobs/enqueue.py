@@ -358,13 +358,13 @@ EVENT_COLUMNS = "job_id, seq, ts, event, level, message, fields"
 # The whole batch as one JSON document: the statement text never changes and
 # the payloads travel as they are, not re-encoded per column.
 POSTGRES_INSERT = (
-    f"WITH ins AS (INSERT INTO jobs_job ({JOB_COLUMNS}) "
+    f"WITH ins AS (INSERT INTO controlplane_job ({JOB_COLUMNS}) "
     "SELECT u.id, u.operation, u.queue, u.payload, 'queued', u.priority, u.run_after, "
     "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %s, u.ikey, 1, %s "
     "FROM jsonb_to_recordset(%s::jsonb) AS u(id uuid, operation text, queue text, "
     "payload jsonb, priority int, run_after timestamptz, expires_at timestamptz, "
     f"max_attempts int, parent uuid, ikey text) {INSERT_CONFLICT} RETURNING id) "
-    f"INSERT INTO jobs_jobevent ({EVENT_COLUMNS}) "
+    f"INSERT INTO controlplane_jobevent ({EVENT_COLUMNS}) "
     "SELECT ins.id, 1, %s, 'job.enqueued', 'info', '', '{}'::jsonb FROM ins "
     # One NOTIFY per queue, delivered at commit; a hint, never the job.
     f"CROSS JOIN (SELECT count(pg_notify('{NOTIFY_CHANNEL}', q)) FROM "
@@ -406,13 +406,14 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
                 created,
             ]
         cursor.execute(
-            f"INSERT INTO jobs_job ({JOB_COLUMNS}) VALUES {', '.join([values] * len(rows))} "
+            f"INSERT INTO controlplane_job ({JOB_COLUMNS}) "
+            f"VALUES {', '.join([values] * len(rows))} "
             f"{INSERT_CONFLICT} RETURNING id",
             params,
         )
         ids = [r[0] for r in cursor.fetchall()]
         cursor.executemany(
-            f"INSERT INTO jobs_jobevent ({EVENT_COLUMNS}) "
+            f"INSERT INTO controlplane_jobevent ({EVENT_COLUMNS}) "
             "VALUES (%s, 1, %s, 'job.enqueued', 'info', '', '{}')",
             [(job_id, created) for job_id in ids],
         )

@@ -32,8 +32,8 @@ from jobs.states import (
     sources_for,
 )
 
-JOB_TABLE = "jobs_job"
-EVENT_TABLE = "jobs_jobevent"
+JOB_TABLE = "controlplane_job"
+EVENT_TABLE = "controlplane_jobevent"
 
 
 class Sql(str):
@@ -230,8 +230,10 @@ def complete_job(
 # the job exists, ``progress_current`` is the write step's count, and neither
 # the coordinator's return value nor its emits may overwrite it.
 BATCH_OWNED = (
-    "(EXISTS (SELECT 1 FROM jobs_batchmessage bm WHERE bm.parent_id = jobs_job.id) "
-    "OR EXISTS (SELECT 1 FROM jobs_batchreceipt br WHERE br.parent_id = jobs_job.id))"
+    "(EXISTS (SELECT 1 FROM controlplane_batchmessage bm"
+    " WHERE bm.parent_id = controlplane_job.id)"
+    " OR EXISTS (SELECT 1 FROM controlplane_batchreceipt br"
+    " WHERE br.parent_id = controlplane_job.id))"
 )
 
 
@@ -582,7 +584,8 @@ def cancel_jobs(
         affected = [d.uuid(i) for i in [*job_ids, *descendants]]
         with connections[using].cursor() as cursor:
             cursor.execute(
-                f"DELETE FROM jobs_batchmessage WHERE parent_id IN {d.in_list(len(affected))}",
+                "DELETE FROM controlplane_batchmessage "
+                f"WHERE parent_id IN {d.in_list(len(affected))}",
                 affected,
             )
     return [m.id for m in moved]

@@ -3,3 +3,5 @@ from django.apps import AppConfig
 
 class WorkersConfig(AppConfig):
     name = "workers"
+    label = "controlplane_workers"
+    verbose_name = "Control plane workers"

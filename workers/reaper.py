@@ -236,11 +236,12 @@ def delete_finished_jobs(cutoff: datetime, limit: int) -> int:
     d = dialect()
     lock = " FOR UPDATE OF j SKIP LOCKED" if d.postgres else ""
     finished = f"status IN {TERMINAL} AND finished_at < %s"
-    leaf = "NOT EXISTS (SELECT 1 FROM jobs_job c WHERE c.parent_id = {table}.id)"
+    leaf = "NOT EXISTS (SELECT 1 FROM controlplane_job c WHERE c.parent_id = {table}.id)"
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM jobs_job WHERE {finished} AND {leaf.format(table='jobs_job')} "
-            f"AND id IN (SELECT j.id FROM jobs_job j WHERE {finished} "
+            f"DELETE FROM controlplane_job WHERE {finished} "
+            f"AND {leaf.format(table='controlplane_job')} "
+            f"AND id IN (SELECT j.id FROM controlplane_job j WHERE {finished} "
             f"AND {leaf.format(table='j')} LIMIT %s{lock}) RETURNING id",
             [d.ts(cutoff), d.ts(cutoff), int(limit)],
         )
@@ -248,9 +249,9 @@ def delete_finished_jobs(cutoff: datetime, limit: int) -> int:
         if ids:
             marks = d.in_list(len(ids))
             for table, column in (
-                ("jobs_jobevent", "job_id"),
-                ("jobs_batchreceipt", "parent_id"),
-                ("jobs_batchmessage", "parent_id"),
+                ("controlplane_jobevent", "job_id"),
+                ("controlplane_batchreceipt", "parent_id"),
+                ("controlplane_batchmessage", "parent_id"),
             ):
                 cursor.execute(f"DELETE FROM {table} WHERE {column} IN {marks}", ids)
     return len(ids)
@@ -267,16 +268,18 @@ def purge_messages_of_finished_parents(limit: int) -> int:
     d = dialect()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT p.id FROM jobs_job p WHERE p.status IN {TERMINAL} "
-            "AND p.id IN (SELECT m.parent_id FROM jobs_batchmessage m) LIMIT %s",
+            f"SELECT p.id FROM controlplane_job p WHERE p.status IN {TERMINAL} "
+            "AND p.id IN (SELECT m.parent_id FROM controlplane_batchmessage m) LIMIT %s",
             [int(limit)],
         )
         parents = [r[0] for r in cursor.fetchall()]
         if not parents:
             return 0
         cursor.execute(
-            "DELETE FROM jobs_batchmessage WHERE id IN (SELECT m.id FROM jobs_batchmessage m "
-            f"WHERE m.parent_id IN {d.in_list(len(parents))} AND EXISTS (SELECT 1 FROM jobs_job p "
+            "DELETE FROM controlplane_batchmessage WHERE id IN "
+            "(SELECT m.id FROM controlplane_batchmessage m "
+            f"WHERE m.parent_id IN {d.in_list(len(parents))} "
+            "AND EXISTS (SELECT 1 FROM controlplane_job p "
             f"WHERE p.id = m.parent_id AND p.status IN {TERMINAL}) LIMIT %s)",
             [*parents, int(limit)],
         )

@@ -17,6 +17,14 @@ from django.urls import reverse
 register = template.Library()
 
 
+@register.simple_tag
+def mounted(path: str) -> str:
+    """``path`` under the control plane's mount point (``ws/dashboard/`` at ``/ops/``)."""
+    from jobs.mount import mount_prefix
+
+    return mount_prefix() + path
+
+
 @register.filter
 def pretty_json(value: Any) -> str:
     """JSON indented for reading; the template escapes the result like any other text."""

@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 
 from jobs import selectors
 from jobs.api import remote_views
+from jobs.api.defaults import ApiDefaults
 from jobs.api.errors import error_response
 from jobs.api.parsers import LimitedJSONParser
 from jobs.api.permissions import MethodPermission
@@ -110,7 +111,7 @@ FILTER_PARAMETERS = [
 ]
 
 
-class ApiView(APIView):
+class ApiView(ApiDefaults, APIView):
     """JSON in and out, bounded bodies, one permission per method."""
 
     parser_classes = [LimitedJSONParser]

@@ -22,12 +22,12 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import classonlymethod
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
-from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs import remote
 from jobs.api.base import WORKER_ID, error_responses
+from jobs.api.defaults import extend_schema
 from jobs.api.remote_views import ClaimBody, RemoteView, _body, claimed_json, remote_endpoint
 from jobs.api.serializers import ClaimResultSerializer
 from jobs.remote.relay import relay

@@ -1,10 +1,10 @@
 """Who may call what: each API view maps HTTP methods to one Django permission.
 
-- reading (GET, HEAD, OPTIONS): ``jobs.view_job``
-- enqueue (POST /jobs): ``jobs.add_job``
-- cancel, retry, bulk actions, pause and resume: ``jobs.change_job``
+- reading (GET, HEAD, OPTIONS): ``controlplane.view_job``
+- enqueue (POST /jobs): ``controlplane.add_job``
+- cancel, retry, bulk actions, pause and resume: ``controlplane.change_job``
 - the remote-worker protocol (register, heartbeat, disconnect, emit):
-  ``jobs.run_remote_jobs``
+  ``controlplane.run_remote_jobs``
 
 Superusers hold every permission. Anonymous callers get 401 (403 for a
 session without the permission), and never any data.
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from rest_framework.permissions import BasePermission
 
-VIEW = "jobs.view_job"
-ADD = "jobs.add_job"
-CHANGE = "jobs.change_job"
-REMOTE = "jobs.run_remote_jobs"
+VIEW = "controlplane.view_job"
+ADD = "controlplane.add_job"
+CHANGE = "controlplane.change_job"
+REMOTE = "controlplane.run_remote_jobs"
 
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -12,6 +11,7 @@ from rest_framework.response import Response
 from jobs import selectors
 from jobs.api import actions
 from jobs.api.base import QUEUE_NAME, ApiView, bounded, error_responses
+from jobs.api.defaults import extend_schema
 from jobs.api.permissions import CHANGE, VIEW
 from jobs.api.serializers import QueueSerializer
 

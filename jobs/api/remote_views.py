@@ -22,23 +22,25 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import remote
+from jobs.api.defaults import ApiDefaults
 from jobs.api.errors import error_response
 from jobs.claims import ClaimedJob
 from jobs.conf import knob
 from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
 from jobs.models import Worker
+from jobs.mount import mount_prefix
 from jobs.operations import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from jobs.storable import MAX_DEPTH
 
-PERMISSION = "jobs.run_remote_jobs"
+PERMISSION = "controlplane.run_remote_jobs"
 
 
 class CanRunRemoteJobs(permissions.BasePermission):
-    """Authenticated, and holding ``jobs.run_remote_jobs``."""
+    """Authenticated, and holding ``controlplane.run_remote_jobs``."""
 
     message = (
         "This account may not run remote workers; ask an administrator for the "
-        "'jobs.run_remote_jobs' permission."
+        "'controlplane.run_remote_jobs' permission."
     )
 
     def has_permission(self, request: Request, view: Any) -> bool:
@@ -186,7 +188,7 @@ def worker_json(worker: Worker) -> dict[str, Any]:
         "worker_timeout": float(knob("WORKER_TIMEOUT_SECONDS")),
         "poll_interval": float(knob("POLL_SECONDS")),
         "max_wait": remote.MAX_WAIT_SECONDS,
-        "websocket": f"/ws/workers/{worker.pk}",
+        "websocket": f"{mount_prefix()}ws/workers/{worker.pk}",
     }
 
 
@@ -247,7 +249,7 @@ def post_event(request: Request, job_id: Any) -> Response:  # POST /jobs/<id>/ev
 # --- routes only remote workers use --------------------------------------------------------
 
 
-class RemoteView(APIView):
+class RemoteView(ApiDefaults, APIView):
     permission_classes = [CanRunRemoteJobs]
 
 

@@ -19,17 +19,22 @@ from drf_spectacular.renderers import (
     OpenApiYamlRenderer2,
 )
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.permissions import IsAuthenticated
-from rest_framework.renderers import JSONRenderer
+from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.renderers import JSONRenderer, TemplateHTMLRenderer
+
+from jobs.api.defaults import ApiDefaults, extend_schema
 
 
-def drop_slash_twins(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[tuple[Any, ...]]:
-    """drf-spectacular preprocessing hook: one entry per route and method, without the slash."""
+def control_plane_routes(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[tuple[Any, ...]]:
+    """drf-spectacular preprocessing hook: the control plane's routes only (not a host
+    project's own), one entry per route and method, without the slash."""
     seen: set[tuple[str, str]] = set()
     kept = []
     for path, path_regex, method, callback in endpoints:
+        if not getattr(callback, "cls", type).__module__.startswith("jobs."):
+            continue
         path = path.rstrip("/") or "/"
         if (path, method) in seen:
             continue
@@ -38,7 +43,7 @@ def drop_slash_twins(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[tu
     return kept
 
 
-class SchemaView(SpectacularAPIView):
+class SchemaView(ApiDefaults, SpectacularAPIView):
     """OpenAPI 3 as JSON (``?format=yaml`` for YAML), for any signed-in user."""
 
     permission_classes = [IsAuthenticated]
@@ -49,9 +54,16 @@ class SchemaView(SpectacularAPIView):
         OpenApiYamlRenderer2,
     ]
     custom_settings = {
-        "PREPROCESSING_HOOKS": ["jobs.api.schema.drop_slash_twins"],
+        "TITLE": "Job control plane API",
+        "DESCRIPTION": "Enqueue, inspect, cancel and retry jobs; run remote workers.",
+        "VERSION": "1.0.0",
+        "PREPROCESSING_HOOKS": ["jobs.api.schema.control_plane_routes"],
         "COMPONENT_SPLIT_REQUEST": True,
     }
+
+    @extend_schema(exclude=True)
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
 
     def handle_exception(self, exc):
         """Errors (401, 403, 405) in the API's JSON shape, not as an OpenAPI media type."""
@@ -61,10 +73,12 @@ class SchemaView(SpectacularAPIView):
         return response
 
 
-class SchemaDocsView(SpectacularSwaggerView):
+class SchemaDocsView(ApiDefaults, SpectacularSwaggerView):
     """Swagger UI over ``/schema``, its assets served locally; anonymous users sign in first."""
 
-    url_name = "schema"
+    url_name = "controlplane_api:schema"
+    renderer_classes = [TemplateHTMLRenderer]
+    permission_classes = [AllowAny]
 
     @extend_schema(exclude=True)
     def get(self, request, *args, **kwargs):

@@ -15,6 +15,8 @@ def both(route: str, view, name: str) -> list:
     return [path(route, view, name=name), path(f"{route}/", view)]
 
 
+app_name = "controlplane_api"  # names that cannot clash with a host project's own
+
 urlpatterns = [
     path("", include("jobs.api.remote_urls")),
     *both("jobs", views.JobListView.as_view(), "job-list"),

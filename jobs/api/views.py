@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
@@ -29,6 +29,7 @@ from jobs.api.base import (
     error_responses,
     remote_body,
 )
+from jobs.api.defaults import extend_schema
 from jobs.api.permissions import ADD, CHANGE, REMOTE, VIEW
 from jobs.api.serializers import (
     BulkActionSerializer,
@@ -105,7 +106,7 @@ class JobListView(ApiView):
         operation_id="jobs_enqueue",
         summary="Enqueue a job",
         description=(
-            "Needs jobs.add_job. 201 with the new job; a repeat with an idempotency_key "
+            "Needs controlplane.add_job. 201 with the new job; a repeat with an idempotency_key "
             "that already exists returns the first job with 200."
         ),
         request=EnqueueSerializer,

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,6 +13,7 @@ from rest_framework.response import Response
 from jobs import selectors
 from jobs.api import remote_views
 from jobs.api.base import WORKER_ID, ApiView, bounded, error_responses, remote_body
+from jobs.api.defaults import extend_schema
 from jobs.api.permissions import REMOTE, VIEW
 from jobs.api.serializers import (
     DisconnectResultSerializer,

@@ -6,6 +6,8 @@ import uuid
 from django.conf import settings
 from django.db import migrations, models
 
+from jobs.relabel import refuse_legacy_tables
+
 
 class Migration(migrations.Migration):
 
@@ -16,6 +18,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunPython(refuse_legacy_tables, migrations.RunPython.noop, elidable=True),
         migrations.CreateModel(
             name='Queue',
             fields=[
@@ -80,8 +83,8 @@ class Migration(migrations.Migration):
                 ('idempotency_key', models.CharField(blank=True, max_length=255, null=True)),
                 ('last_event_seq', models.IntegerField(default=0)),
                 ('last_event_at', models.DateTimeField(blank=True, null=True)),
-                ('parent', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='children', to='jobs.job')),
-                ('worker', models.ForeignKey(blank=True, db_constraint=False, db_index=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='jobs', to='jobs.worker')),
+                ('parent', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='children', to='controlplane.job')),
+                ('worker', models.ForeignKey(blank=True, db_constraint=False, db_index=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='jobs', to='controlplane.worker')),
             ],
             options={
                 'ordering': ['-created_at'],
@@ -95,7 +98,7 @@ class Migration(migrations.Migration):
                 ('batch_index', models.IntegerField()),
                 ('output', models.JSONField(blank=True, null=True)),
                 ('written_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('parent', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='batch_receipts', to='jobs.job')),
+                ('parent', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='batch_receipts', to='controlplane.job')),
             ],
             options={
                 'constraints': [models.UniqueConstraint(fields=('parent', 'batch_index'), name='batchreceipt_parent_index_unique')],
@@ -114,7 +117,7 @@ class Migration(migrations.Migration):
                 ('visible_after', models.DateTimeField(default=django.utils.timezone.now)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('last_error', models.TextField(blank=True, default='')),
-                ('parent', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='batch_messages', to='jobs.job')),
+                ('parent', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='batch_messages', to='controlplane.job')),
             ],
             options={
                 'indexes': [models.Index(fields=['queue', 'visible_after', 'id'], name='batch_claim_idx')],
@@ -130,7 +133,7 @@ class Migration(migrations.Migration):
                 ('level', models.CharField(choices=[('info', 'info'), ('warning', 'warning'), ('error', 'error')], default='info', max_length=10)),
                 ('message', models.TextField(blank=True, default='')),
                 ('fields', models.JSONField(blank=True, default=dict)),
-                ('job', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobs.job')),
+                ('job', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='controlplane.job')),
             ],
             options={
                 'ordering': ['job', 'seq'],

@@ -8,7 +8,7 @@
 * ``job_terminal_has_finished_at``: state only. The model now lists the
   terminal states sorted (a frozenset's order follows the hash seed); the
   SQL check is the same, so the table is not rescanned.
-* PostgreSQL only: a statement-level trigger on ``jobs_jobevent`` sends
+* PostgreSQL only: a statement-level trigger on ``controlplane_jobevent`` sends
   ``NOTIFY controlplane_events`` once per inserting statement, so the
   dashboard relay can LISTEN instead of polling. SQLite has no NOTIFY.
 """
@@ -21,21 +21,21 @@ from django.db import migrations, models
 NOTIFY_CHANNEL = "controlplane_events"
 
 CREATE_NOTIFY = f"""
-CREATE OR REPLACE FUNCTION jobs_jobevent_notify() RETURNS trigger
+CREATE OR REPLACE FUNCTION controlplane_jobevent_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('{NOTIFY_CHANNEL}', '');
     RETURN NULL;
 END;
 $$;
-DROP TRIGGER IF EXISTS jobs_jobevent_notify ON jobs_jobevent;
-CREATE TRIGGER jobs_jobevent_notify AFTER INSERT ON jobs_jobevent
-FOR EACH STATEMENT EXECUTE FUNCTION jobs_jobevent_notify();
+DROP TRIGGER IF EXISTS controlplane_jobevent_notify ON controlplane_jobevent;
+CREATE TRIGGER controlplane_jobevent_notify AFTER INSERT ON controlplane_jobevent
+FOR EACH STATEMENT EXECUTE FUNCTION controlplane_jobevent_notify();
 """
 
 DROP_NOTIFY = """
-DROP TRIGGER IF EXISTS jobs_jobevent_notify ON jobs_jobevent;
-DROP FUNCTION IF EXISTS jobs_jobevent_notify();
+DROP TRIGGER IF EXISTS controlplane_jobevent_notify ON controlplane_jobevent;
+DROP FUNCTION IF EXISTS controlplane_jobevent_notify();
 """
 
 
@@ -54,7 +54,7 @@ TERMINAL_SORTED = ["cancelled", "failed", "succeeded"]
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0001_initial"),
+        ("controlplane", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

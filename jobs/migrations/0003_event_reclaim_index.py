@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0002_operator_action_and_index_tuning"),
+        ("controlplane", "0002_operator_action_and_index_tuning"),
     ]
 
     operations = [

@@ -1,4 +1,4 @@
-"""PostgreSQL only: ``jobs_claimable_ids``, the claim's pick, as a function.
+"""PostgreSQL only: ``controlplane_claimable_ids``, the claim's pick, as a function.
 
 The pick walks priority lanes (see ``jobs.claims``). Written as one SQL
 statement the walk cost more to plan than the whole claim did to run; here
@@ -10,7 +10,7 @@ empty). SQLite keeps its single ordered scan.
 from django.db import migrations
 
 CREATE_FUNCTION = """
-CREATE OR REPLACE FUNCTION jobs_claimable_ids(
+CREATE OR REPLACE FUNCTION controlplane_claimable_ids(
     queues text[],
     ready_at timestamptz,
     wanted int,
@@ -29,7 +29,7 @@ DECLARE
     found_at timestamptz[];
 BEGIN
     FOR i IN 1 .. coalesce(array_length(queues, 1), 0) LOOP
-        lanes[i] := (SELECT priority FROM jobs_job WHERE status = 'queued'
+        lanes[i] := (SELECT priority FROM controlplane_job WHERE status = 'queued'
                      AND queue = queues[i] ORDER BY priority DESC LIMIT 1);
     END LOOP;
     WHILE need > 0 LOOP
@@ -41,19 +41,19 @@ BEGIN
             CONTINUE WHEN lanes[i] IS DISTINCT FROM level;
             SELECT found_ids || array_agg(lane.id), found_at || array_agg(lane.run_after)
               INTO found_ids, found_at
-              FROM (SELECT id, run_after FROM jobs_job
+              FROM (SELECT id, run_after FROM controlplane_job
                      WHERE status = 'queued' AND queue = queues[i] AND priority = level
                        AND run_after <= ready_at
                        AND (only_operations IS NULL OR operation = ANY(only_operations))
                        AND (local_operations IS NULL OR operation NOT IN (
-                            SELECT name FROM jobs_remoteoperation
+                            SELECT name FROM controlplane_remoteoperation
                              WHERE NOT deleted AND name <> ALL(local_operations)))
                      ORDER BY run_after LIMIT need
                      FOR UPDATE SKIP LOCKED) AS lane;
             IF cardinality(found_ids) >= need THEN
                 lanes[i] := NULL;  -- enough already: no need to find the next lane
             ELSE
-                lanes[i] := (SELECT priority FROM jobs_job WHERE status = 'queued'
+                lanes[i] := (SELECT priority FROM controlplane_job WHERE status = 'queued'
                              AND queue = queues[i] AND priority < level
                              ORDER BY priority DESC LIMIT 1);
             END IF;
@@ -69,7 +69,7 @@ $$;
 """
 
 DROP_FUNCTION = (
-    "DROP FUNCTION IF EXISTS jobs_claimable_ids(text[], timestamptz, int, text[], text[]);"
+    "DROP FUNCTION IF EXISTS controlplane_claimable_ids(text[], timestamptz, int, text[], text[]);"
 )
 
 
@@ -82,7 +82,7 @@ def _postgresql_only(sql: str):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("jobs", "0003_event_reclaim_index")]
+    dependencies = [("controlplane", "0003_event_reclaim_index")]
 
     operations = [
         migrations.RunPython(

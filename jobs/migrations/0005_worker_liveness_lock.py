@@ -2,7 +2,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("jobs", "0004_claimable_ids_function")]
+    dependencies = [("controlplane", "0004_claimable_ids_function")]
 
     operations = [
         migrations.AddField(

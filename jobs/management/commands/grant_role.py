@@ -11,6 +11,8 @@ from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from jobs.models import Job
+
 ROLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "viewer": ("Control plane viewers", ("view_job",)),
     "operator": ("Control plane operators", ("view_job", "add_job", "change_job")),
@@ -23,7 +25,9 @@ def role_group(role: str) -> Group:
     name, codenames = ROLES[role]
     group, _ = Group.objects.get_or_create(name=name)
     group.permissions.add(
-        *Permission.objects.filter(content_type__app_label="jobs", codename__in=codenames)
+        *Permission.objects.filter(
+            content_type__app_label=Job._meta.app_label, codename__in=codenames
+        )
     )
     return group
 

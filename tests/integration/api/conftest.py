@@ -2,9 +2,9 @@
 
 Roles (the permission matrix of issue 5):
 - ``anonymous``: no credentials
-- ``viewer``: jobs.view_job
-- ``operator``: jobs.view_job, jobs.change_job, jobs.add_job
-- ``remote``: jobs.run_remote_jobs only
+- ``viewer``: controlplane.view_job
+- ``operator``: controlplane.view_job, controlplane.change_job, controlplane.add_job
+- ``remote``: controlplane.run_remote_jobs only
 - ``admin``: a superuser
 """
 
@@ -63,7 +63,7 @@ def make_user(name: str, perms: list[str] | None = None, *, superuser: bool = Fa
         user = User.objects.create_user(name)
     if perms:
         user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="jobs", codename__in=perms)
+            Permission.objects.filter(content_type__app_label="controlplane", codename__in=perms)
         )
     return user
 

@@ -83,8 +83,8 @@ def test_an_unindexed_text_filter_over_many_rows_hits_the_timeout(viewer, settin
     ]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO jobs_job ({', '.join(columns)}) SELECT {', '.join(picks)} "
-            "FROM jobs_job, generate_series(1, 300000) WHERE jobs_job.id = %s",
+            f"INSERT INTO controlplane_job ({', '.join(columns)}) SELECT {', '.join(picks)} "
+            "FROM controlplane_job, generate_series(1, 300000) WHERE controlplane_job.id = %s",
             [seed.pk],
         )
     settings.CONTROLPLANE = {"DASHBOARD_STATEMENT_TIMEOUT_MS": 5}

@@ -75,7 +75,7 @@ def test_a_read_behind_a_table_lock_gives_up_on_the_lock_not_the_statement(monke
     with independent_connection() as other:
         try:
             with transaction.atomic(using=other), connections[other].cursor() as cursor:
-                cursor.execute("LOCK TABLE jobs_job IN ACCESS EXCLUSIVE MODE")
+                cursor.execute("LOCK TABLE controlplane_job IN ACCESS EXCLUSIVE MODE")
                 with pytest.raises(DatabaseError) as error, dashdb.bounded_reads():
                     Job.objects.count()
         finally:
@@ -106,7 +106,7 @@ def test_unfiltered_list_uses_the_planner_estimate(monkeypatch) -> None:
     for _ in range(4):
         queued()
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE jobs_job")
+        cursor.execute("ANALYZE controlplane_job")
     total = selectors.job_count(selectors.JobFilters())
     assert total.estimated and str(total).startswith("≈")
 

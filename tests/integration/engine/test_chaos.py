@@ -107,7 +107,7 @@ def _rows(sql: str, params: Iterable[Any] = ()) -> list[tuple]:
 
 
 def terminal_count() -> int:
-    return _rows(f"SELECT count(*) FROM jobs_job WHERE status IN {TERMINAL}")[0][0]
+    return _rows(f"SELECT count(*) FROM controlplane_job WHERE status IN {TERMINAL}")[0][0]
 
 
 def violations(*, expect_all_succeeded: bool = True) -> dict[str, list[str]]:
@@ -116,7 +116,8 @@ def violations(*, expect_all_succeeded: bool = True) -> dict[str, list[str]]:
     jobs = {
         str(job_id): (operation, status, f"{error_code}: {error_message[:300]}", last_seq)
         for job_id, operation, status, error_code, error_message, last_seq in _rows(
-            "SELECT id, operation, status, error_code, error_message, last_event_seq FROM jobs_job"
+            "SELECT id, operation, status, error_code, error_message, last_event_seq "
+            "FROM controlplane_job"
         )
     }
     for job_id, (operation, status, error, _) in jobs.items():
@@ -125,7 +126,9 @@ def violations(*, expect_all_succeeded: bool = True) -> dict[str, list[str]]:
         elif expect_all_succeeded and status != "succeeded":
             found["not succeeded"].append(f"{job_id} {operation} {status} {error}")
     timelines: dict[str, list[tuple[int, str]]] = defaultdict(list)
-    for job_id, seq, event in _rows("SELECT job_id, seq, event FROM jobs_jobevent ORDER BY 1, 2"):
+    for job_id, seq, event in _rows(
+        "SELECT job_id, seq, event FROM controlplane_jobevent ORDER BY 1, 2"
+    ):
         timelines[str(job_id)].append((seq, event))
     for job_id, (_, status, _, last_seq) in jobs.items():
         timeline = timelines.get(job_id, [])
@@ -151,7 +154,8 @@ def violations(*, expect_all_succeeded: bool = True) -> dict[str, list[str]]:
                 open_run = False
     effects = dict(
         _rows(
-            "SELECT target, count(*) FROM jobs_operatoraction WHERE action = %s GROUP BY target",
+            "SELECT target, count(*) FROM controlplane_operatoraction "
+            "WHERE action = %s GROUP BY target",
             [SIDE_EFFECT],
         )
     )
@@ -172,14 +176,15 @@ def stuck_report(limit: int = 15) -> str:
     """The jobs that are not terminal, each with its lease and the end of its timeline."""
     rows = _rows(
         f"SELECT id, operation, status, worker_id, leased_until, attempts, lease_requeues "
-        f"FROM jobs_job WHERE status NOT IN {TERMINAL} ORDER BY created_at LIMIT %s",
+        f"FROM controlplane_job WHERE status NOT IN {TERMINAL} ORDER BY created_at LIMIT %s",
         [limit],
     )
-    total = _rows(f"SELECT count(*) FROM jobs_job WHERE status NOT IN {TERMINAL}")[0][0]
+    total = _rows(f"SELECT count(*) FROM controlplane_job WHERE status NOT IN {TERMINAL}")[0][0]
     lines = [f"{total} job(s) not terminal; the first {len(rows)}:"]
     for job_id, operation, status, worker, leased_until, attempts, requeues in rows:
         events = _rows(
-            "SELECT seq, event, ts FROM jobs_jobevent WHERE job_id = %s ORDER BY seq DESC LIMIT 6",
+            "SELECT seq, event, ts FROM controlplane_jobevent "
+            "WHERE job_id = %s ORDER BY seq DESC LIMIT 6",
             [job_id],
         )
         lines.append(
@@ -187,7 +192,7 @@ def stuck_report(limit: int = 15) -> str:
             f"attempts={attempts} lease_requeues={requeues}; last events: "
             + ", ".join(f"{seq}:{event}@{ts:%H:%M:%S.%f}" for seq, event, ts in reversed(events))
         )
-    workers = _rows("SELECT id, pid, last_heartbeat FROM jobs_worker ORDER BY started_at")
+    workers = _rows("SELECT id, pid, last_heartbeat FROM controlplane_worker ORDER BY started_at")
     lines.append("worker rows: " + "; ".join(f"{w} pid={p} beat={b}" for w, p, b in workers))
     return "\n".join(lines)
 

@@ -149,7 +149,8 @@ def test_a_claim_locks_only_the_jobs_it_takes():
                 with connections[other].cursor() as cursor:
                     for job in jobs[2:]:  # left queued: free for any other claimer at once
                         cursor.execute(
-                            "SELECT id FROM jobs_job WHERE id = %s FOR UPDATE NOWAIT", [job.pk]
+                            "SELECT id FROM controlplane_job WHERE id = %s FOR UPDATE NOWAIT",
+                            [job.pk],
                         )
             finally:
                 connections[other].close()
@@ -167,7 +168,7 @@ def test_the_claim_does_not_walk_jobs_scheduled_later_at_a_higher_priority():
                 [JobSpec("ping", queue=queue, priority=priority, run_after=tomorrow)] * count
             )
         with connection.cursor() as cursor:
-            cursor.execute("ANALYZE jobs_job")
+            cursor.execute("ANALYZE controlplane_job")
         touched.append(_pick_buffers(queue))
     # 20,000 -> 80,000 entries ranked above the ready job: a scan through them
     # reads some 35 more index pages per 40,000; a descent per priority lane

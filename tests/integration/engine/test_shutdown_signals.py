@@ -115,9 +115,9 @@ def test_the_exit_is_bounded_even_when_the_clean_up_cannot_reach_the_database(wo
     with transaction.atomic():
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
-                cursor.execute("SELECT 1 FROM jobs_job WHERE id = %s FOR UPDATE", [job.pk])
+                cursor.execute("SELECT 1 FROM controlplane_job WHERE id = %s FOR UPDATE", [job.pk])
             else:
-                cursor.execute("UPDATE jobs_queue SET paused = paused WHERE 1 = 0")
+                cursor.execute("UPDATE controlplane_queue SET paused = paused WHERE 1 = 0")
         try:
             code = proc.wait(timeout=grace + cleanup + 8)
         finally:

@@ -426,7 +426,7 @@ def test_cli_refuses_bad_input_with_a_clear_message(args, expected):
 
 @pytest.fixture
 def failing_event_insert(transactional_db):
-    """Make every ``jobs_jobevent`` INSERT fail in the database itself.
+    """Make every ``controlplane_jobevent`` INSERT fail in the database itself.
 
     Outside any test transaction (``transactional_db``): inside one, the
     test's own transaction would hide a half-done enqueue on SQLite.
@@ -440,19 +440,19 @@ def failing_event_insert(transactional_db):
                 "$$ BEGIN RAISE EXCEPTION 'event insert refused by the test'; END; $$"
             )
             cursor.execute(
-                "CREATE TRIGGER test_refuse_event BEFORE INSERT ON jobs_jobevent "
+                "CREATE TRIGGER test_refuse_event BEFORE INSERT ON controlplane_jobevent "
                 "FOR EACH ROW EXECUTE FUNCTION test_refuse_event()"
             )
         else:
             cursor.execute(
-                "CREATE TRIGGER test_refuse_event BEFORE INSERT ON jobs_jobevent "
+                "CREATE TRIGGER test_refuse_event BEFORE INSERT ON controlplane_jobevent "
                 "BEGIN SELECT RAISE(ABORT, 'event insert refused by the test'); END"
             )
     yield
     with connection.cursor() as cursor:
         cursor.execute(
             "DROP TRIGGER test_refuse_event"
-            + (" ON jobs_jobevent" if connection.vendor == "postgresql" else "")
+            + (" ON controlplane_jobevent" if connection.vendor == "postgresql" else "")
         )
         if connection.vendor == "postgresql":
             cursor.execute("DROP FUNCTION test_refuse_event()")

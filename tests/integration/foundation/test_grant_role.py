@@ -14,8 +14,8 @@ def test_viewer_sees_and_cannot_act(capsys):
     call_command("grant_role", "vera", "viewer", "--create")
     assert "vera is now a viewer" in capsys.readouterr().out
     vera = User.objects.get(username="vera")
-    assert vera.has_perm("jobs.view_job")
-    assert not vera.has_perm("jobs.change_job")
+    assert vera.has_perm("controlplane.view_job")
+    assert not vera.has_perm("controlplane.change_job")
     client = Client()
     client.force_login(vera)
     assert client.get("/jobs").status_code == 200
@@ -27,9 +27,12 @@ def test_operator_may_act_and_roles_accumulate():
     call_command("grant_role", "otto", "operator")
     call_command("grant_role", "otto", "remote-worker")
     otto = User.objects.get(username="otto")
-    assert {"jobs.view_job", "jobs.add_job", "jobs.change_job", "jobs.run_remote_jobs"} <= (
-        otto.get_all_permissions()
-    )
+    assert {
+        "controlplane.view_job",
+        "controlplane.add_job",
+        "controlplane.change_job",
+        "controlplane.run_remote_jobs",
+    } <= (otto.get_all_permissions())
     client = Client()
     client.force_login(otto)
     assert client.post("/queues/default/pause").status_code == 200

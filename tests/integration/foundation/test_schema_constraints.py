@@ -36,7 +36,9 @@ def _raw_job(**columns) -> None:
     names = ", ".join(values)
     marks = ", ".join(["%s"] * len(values))
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO jobs_job ({names}) VALUES ({marks})", list(values.values()))
+        cursor.execute(
+            f"INSERT INTO controlplane_job ({names}) VALUES ({marks})", list(values.values())
+        )
 
 
 @pytest.mark.django_db

@@ -22,33 +22,34 @@ W, P = str(uuid.uuid4()), str(uuid.uuid4())
 QUERIES = {
     # workers/reaper.py via jobs/rescues.py: expired leases or gone workers.
     "reaper": (
-        "SELECT id FROM jobs_job WHERE status = 'running' AND (leased_until < now() "
+        "SELECT id FROM controlplane_job WHERE status = 'running' AND (leased_until < now() "
         f"OR worker_id IN ('{W}')) LIMIT 500",
         # Either partial index covers exactly the running rows.
         [{"job_running_lease_idx", "job_worker_idx"}],
     ),
     # workers/reaper.py Reaper._retention.
     "retention": (
-        "SELECT j.id FROM jobs_job j WHERE j.status IN ('succeeded', 'failed', 'cancelled') "
+        "SELECT j.id FROM controlplane_job j "
+        "WHERE j.status IN ('succeeded', 'failed', 'cancelled') "
         "AND j.finished_at < now() - interval '7 days' AND NOT EXISTS "
-        "(SELECT 1 FROM jobs_job c WHERE c.parent_id = j.id) LIMIT 500",
+        "(SELECT 1 FROM controlplane_job c WHERE c.parent_id = j.id) LIMIT 500",
         [{"job_finished_idx"}, {"job_parent_idx"}],
     ),
     # dashboard/selectors.py throughput and jobs/selectors/queues.py.
     "throughput": (
-        "SELECT date_trunc('minute', finished_at), count(*) FROM jobs_job "
+        "SELECT date_trunc('minute', finished_at), count(*) FROM controlplane_job "
         "WHERE status IN ('succeeded', 'failed') AND finished_at >= now() - interval '1 hour' "
         "GROUP BY 1",
         [{"job_finished_idx"}],
     ),
     # jobs/selectors/jobs.py job_children_counts.
     "children": (
-        f"SELECT status, count(id) FROM jobs_job WHERE parent_id = '{P}' GROUP BY status",
+        f"SELECT status, count(id) FROM controlplane_job WHERE parent_id = '{P}' GROUP BY status",
         [{"job_parent_idx"}],
     ),
     # dashboard/selectors.py worker_rows and jobs/remote/workers.py held_jobs.
     "current jobs": (
-        f"SELECT id FROM jobs_job WHERE status = 'running' AND worker_id IN ('{W}') "
+        f"SELECT id FROM controlplane_job WHERE status = 'running' AND worker_id IN ('{W}') "
         "ORDER BY started_at",
         [{"job_worker_idx"}],
     ),
@@ -62,6 +63,6 @@ def test_query_uses_its_index(name):
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute("EXPLAIN " + sql)
         plan = "\n".join(r[0] for r in cursor.fetchall())
-    assert "Seq Scan on jobs_job" not in plan, plan
+    assert "Seq Scan on controlplane_job" not in plan, plan
     for group in groups:
         assert any(index in plan for index in group), f"none of {group} for {name}:\n{plan}"

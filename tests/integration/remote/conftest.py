@@ -29,7 +29,7 @@ def server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Ser
 
 @pytest.fixture
 def make_token(transactional_db) -> Callable[..., str]:
-    """Create a user (with ``jobs.run_remote_jobs`` unless ``remote=False``, plus the
+    """Create a user (with ``controlplane.run_remote_jobs`` unless ``remote=False``, plus the
     ``extra`` codenames) and return its token."""
     from django.contrib.auth.models import Permission, User
     from rest_framework.authtoken.models import Token

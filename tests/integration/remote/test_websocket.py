@@ -83,13 +83,9 @@ def test_socket_refuses_strangers(api, server, make_token):
 
 
 def _stack():
-    from channels.auth import AuthMiddlewareStack
-    from channels.routing import URLRouter
+    from jobs.routing import controlplane_websockets
 
-    from controlplane.routing import websocket_urlpatterns
-    from jobs.remote.origin import TokenOrOriginValidator
-
-    return TokenOrOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+    return controlplane_websockets()
 
 
 def _handshake(

@@ -1,0 +1,21 @@
+"""Everything the control plane serves over HTTP, as one URLconf to mount.
+
+A host project adds ``path("ops/", include("jobs.urls"))`` (any prefix, or
+``""``): the dashboard is then at ``ops/dashboard/``, the REST API at
+``ops/jobs``, ``ops/queues``… and ``ops/`` itself sends people to the
+dashboard. Links, redirects, the API's ``next`` URLs and the WebSocket paths
+handed to browsers and remote workers all follow the prefix (``jobs.mount``).
+"""
+
+from __future__ import annotations
+
+from django.urls import include, path, re_path
+
+from jobs.api.errors import API_PREFIXES, api_not_found
+
+urlpatterns = [
+    path("", include("dashboard.urls")),
+    path("", include("jobs.api.urls")),
+    # Last: an unknown path under an API prefix is a JSON 404 even with DEBUG on.
+    re_path(rf"^(?:{'|'.join(API_PREFIXES)})(?:/.*)?$", api_not_found),
+]
