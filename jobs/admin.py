@@ -1,0 +1,570 @@
+"""The Django admin over the control plane: jobs (with their events), workers, queues, audit log.
+
+Jobs change only through ``jobs.transitions``, so the admin never edits a
+job: every job page is read-only and the Cancel and Retry actions call the
+dashboard's own functions (``dashboard.actions``), which write the same
+events (``by`` = the operator) and the same ``OperatorAction`` audit row.
+Queue settings go through the dashboard's ``set_paused`` and
+``set_concurrency_cap`` for the same reason. Who may do what follows the
+dashboard's roles (``dashboard.permissions``): viewers see, operators act.
+
+Built for a million jobs: the job list never counts the whole table (a count
+capped at ``COUNT_CAP``, with the planner's estimate beyond it on PostgreSQL),
+its filters take their choices from the Queue table and the registered
+operations instead of ``SELECT DISTINCT`` over every job, search never runs a
+leading-wildcard ``LIKE``, and the page is read under the dashboard's
+statement timeout.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.views.main import ChangeList
+from django.core.paginator import Paginator
+from django.db import DatabaseError, connections, transaction
+from django.db.models import Model, Q, QuerySet
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+
+from dashboard import actions as dashboard_actions
+from dashboard import audit
+from dashboard.db import bounded_reads, cap, is_timeout, table_estimate, timeout_response
+from dashboard.permissions import can_act, can_view
+from dashboard.selectors import stale_before
+from jobs.exceptions import ControlPlaneError
+from jobs.models import Job, JobEvent, OperatorAction, Queue, RemoteOperation, Worker
+from jobs.operations import registry
+from jobs.selectors.counts import CountResult, estimated_count
+
+EVENTS_SHOWN = 200
+BOTH_PLACES = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
+_HEX = re.compile(r"^[0-9a-f]{1,32}$")
+
+
+# --- counting and paging -----------------------------------------------------------
+
+
+class CappedPaginator(Paginator):
+    """Pages over at most ``COUNT_CAP`` rows; never counts past them.
+
+    ``count`` is ``SELECT COUNT(*) FROM (… LIMIT cap + 1)`` (bounded in time on
+    PostgreSQL), so page links stop at the cap: deep ``OFFSET`` pages would
+    cost as much as a full count. ``total`` keeps the whole answer for the
+    note above the list: past the cap, ``pg_class.reltuples`` for an
+    unfiltered list, the planner's estimate for a filtered one.
+    """
+
+    @cached_property
+    def total(self) -> CountResult:
+        return list_total(self.object_list)
+
+    @cached_property
+    def count(self) -> int:
+        total = self.total
+        return cap() if total.value is None else total.value
+
+
+def list_total(queryset: QuerySet) -> CountResult:
+    """How many rows a changelist holds, as far as the cap (see ``CappedPaginator``)."""
+    limit = cap()
+    if not queryset.query.has_filters():
+        estimate = table_estimate(queryset.model._meta.db_table, using=queryset.db)
+        if estimate is not None and estimate.value > limit:
+            return CountResult(value=limit, capped=True, estimate=estimate.value)
+    if connections[queryset.db].vendor != "postgresql":
+        return estimated_count(queryset, limit)
+    try:
+        # A savepoint: when the count gives up (a table lock, the timeout) the
+        # planner's estimate that follows may fail too, and its swallowed error
+        # would leave the page's read transaction aborted.
+        with transaction.atomic(using=queryset.db):
+            return estimated_count(queryset, limit)
+    except DatabaseError:
+        return CountResult(value=None, capped=True)  # the rows' own read reports a lasting fault
+
+
+def count_note(total: CountResult, noun: str) -> str | None:
+    """The sentence shown above a list whose count stopped at the cap (None when exact)."""
+    if not total.capped:
+        return None
+    limit = cap()
+    if total.value is None:
+        head = f"Too many {noun} match to count them in time"
+    elif total.estimate and total.estimate > limit:
+        head = f"More than {limit:,} {noun} match (about {total.estimate:,} by estimate)"
+    else:
+        head = f"More than {limit:,} {noun} match"
+    return f"{head}; the pages reach the first {limit:,}. Filter or search to narrow them."
+
+
+class BoundedListAdmin(admin.ModelAdmin):
+    """A changelist for a big table: no full counts, no facets, reads under a timeout.
+
+    The page is rendered inside ``bounded_reads`` because the rows are
+    fetched while the template renders; a read past the timeout (or stuck
+    behind a table lock) answers the dashboard's 503 page instead of holding
+    a database backend. Actions (POST) run outside it, like the dashboard's.
+    """
+
+    paginator = CappedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    date_hierarchy = None
+    list_per_page = 50
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            return super().changelist_view(request, extra_context)
+        try:
+            with bounded_reads():
+                response = super().changelist_view(request, extra_context)
+                if isinstance(response, TemplateResponse) and response.context_data:
+                    changelist = response.context_data.get("cl")
+                    if changelist is not None and isinstance(changelist.paginator, CappedPaginator):
+                        noun = str(self.opts.verbose_name_plural)
+                        response.context_data["subtitle"] = count_note(
+                            changelist.paginator.total, noun
+                        )
+                    response.render()
+        except DatabaseError as error:
+            if not is_timeout(error):
+                raise
+            return timeout_response(request)
+        return response
+
+
+class ViewerMixin:
+    """Viewers (``VIEW_PERM``) and operators (``ACT_PERM``) see these pages, as on the dashboard."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_view(request.user) or super().has_view_permission(request, obj)  # type: ignore[misc]
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return can_view(request.user) or super().has_module_permission(request)  # type: ignore[misc]
+
+
+class ReadOnlyMixin(ViewerMixin):
+    """Rows written by the engine only: nobody adds, edits or deletes them here."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+# --- jobs --------------------------------------------------------------------------
+
+
+def known_operations() -> list[str]:
+    """Operation names from the registry and live remote declarations (a small table)."""
+    remote = RemoteOperation.objects.filter(deleted=False).values_list("name", flat=True)
+    return sorted({*registry.names(), *remote})
+
+
+def known_queues() -> list[str]:
+    """Queue names from Queue rows and the operations' default queues, never from ``Job``."""
+    names = set(Queue.objects.values_list("name", flat=True))
+    names.update(op.queue for op in registry.all())
+    names.update(RemoteOperation.objects.filter(deleted=False).values_list("queue", flat=True))
+    return sorted(names)
+
+
+class ChoiceFilter(admin.SimpleListFilter):
+    """An exact-match filter whose choices come from a cheap source, plus the value in use."""
+
+    field = ""
+
+    def choices_source(self) -> list[str]:
+        raise NotImplementedError
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = self.choices_source()
+        if self.value() and self.value() not in names:
+            names.append(self.value())  # a queue no row names yet still shows as selected
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+
+
+class QueueFilter(ChoiceFilter):
+    title = "queue"
+    parameter_name = field = "queue"
+
+    def choices_source(self) -> list[str]:
+        return known_queues()
+
+
+class OperationFilter(ChoiceFilter):
+    title = "operation"
+    parameter_name = field = "operation"
+
+    def choices_source(self) -> list[str]:
+        return known_operations()
+
+
+class ParentFilter(admin.SimpleListFilter):
+    """Children of one job (the job page links here); shown only while in use."""
+
+    title = "parent"
+    parameter_name = "parent"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        parent = _uuid(self.value() or "")
+        return [(str(parent), f"children of {parent}")] if parent else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        parent = _uuid(self.value() or "")
+        return queryset.filter(parent_id=parent) if parent else queryset
+
+
+def _uuid(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
+
+
+def id_prefix_range(word: str) -> Q | None:
+    """Ids starting with ``word`` (hex, dashes ignored) as a range the primary key serves.
+
+    UUIDs order as their hex text on both databases (PostgreSQL compares the
+    bytes, SQLite stores lowercase hex), so a prefix is the range from the
+    prefix padded with 0s to it padded with fs, not ``id::text LIKE 'x%'``.
+    """
+    hexits = word.replace("-", "").lower()
+    if not _HEX.match(hexits):
+        return None
+    low = uuid.UUID(hexits.ljust(32, "0"))
+    high = uuid.UUID(hexits.ljust(32, "f"))
+    return Q(pk__gte=low, pk__lte=high)
+
+
+def job_search(word: str, operations: list[str]) -> Q:
+    """One search word: an id or id prefix, an operation (or part of its name), a queue."""
+    query = Q(operation=word) | Q(queue=word)
+    if prefix := id_prefix_range(word):
+        query |= prefix
+    needle = word.lower()
+    matching = [name for name in operations if needle in name.lower()]
+    if matching:
+        query |= Q(operation__in=matching)
+    return query
+
+
+class RecentEventsFormSet(BaseInlineFormSet):
+    """The job's last ``EVENTS_SHOWN`` events, oldest first, never the whole timeline.
+
+    Seqs run 1…``last_event_seq`` without gaps, so the last N are one index
+    range on ``(job, seq)``; the slice keeps it bounded even if they did not.
+    """
+
+    def get_queryset(self) -> QuerySet:
+        if not hasattr(self, "_queryset"):
+            first = max(self.instance.last_event_seq - EVENTS_SHOWN, 0)
+            qs = self.queryset.filter(seq__gt=first).order_by("seq")
+            self._queryset = qs[:EVENTS_SHOWN]
+        return self._queryset
+
+
+class JobEventInline(ReadOnlyMixin, admin.TabularInline):
+    model = JobEvent
+    formset = RecentEventsFormSet
+    fields = ("seq", "ts", "level", "event", "message", "fields")
+    readonly_fields = fields
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # Not the model's ("job", "seq") ordering, which would join the job table.
+        return super().get_queryset(request).order_by("seq")
+
+    def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        total = obj.last_event_seq if obj is not None else 0
+        if total > EVENTS_SHOWN:  # this instance serves one request: the title can say so
+            self.verbose_name_plural = (
+                f"events: the last {EVENTS_SHOWN} of {total:,} (the dashboard shows them all)"
+            )
+        return super().get_formset(request, obj, **kwargs)
+
+
+class JobChangeList(ChangeList):
+    """The list reads the columns it shows, not payloads and results of up to a megabyte each."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request, exclude_parameters)
+            .defer("payload", "result", "error_message")
+        )
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
+    list_display = ("id", "operation", "queue", "status", "priority", "tries", "created_at")
+    list_filter = ("status", QueueFilter, OperationFilter, ParentFilter)
+    list_select_related = False  # no relation is shown in the list
+    sortable_by = ("created_at",)  # the only column an index orders (job_created_idx)
+    # get_search_results does the searching; a non-empty tuple shows the search box.
+    search_fields = ("operation",)
+    search_help_text = "A job id or its first characters, an operation (or part of it), a queue."
+    actions = ["cancel_jobs", "retry_jobs"]
+    inlines = [JobEventInline]
+    fieldsets = (
+        (None, {"fields": ("id", "operation", "queue", "status", "priority", "timeline")}),
+        ("Payload and outcome", {"fields": ("payload", "result", "error_code", "error_message")}),
+        (
+            "Attempts and timing",
+            {
+                "fields": (
+                    ("attempts", "max_attempts", "lease_requeues"),
+                    ("created_at", "run_after", "expires_at"),
+                    ("started_at", "finished_at"),
+                )
+            },
+        ),
+        (
+            "Lease and progress",
+            {"fields": ("worker_link", "leased_until", "lease_token", "progress")},
+        ),
+        ("Family", {"fields": ("parent", "children", "idempotency_key")}),
+    )
+    readonly_fields = flatten_fieldsets(fieldsets)  # every field: jobs change by transitions
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type:
+        return JobChangeList
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Cancel and Retry: the dashboard's operators (``ACT_PERM``), whatever the admin allows."""
+        return can_act(request.user)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        words = search_term.split()
+        if not words:
+            return queryset, False
+        operations = known_operations()
+        for word in words[:5]:
+            queryset = queryset.filter(job_search(word, operations))
+        return queryset, False
+
+    # --- read-only fields --------------------------------------------------------
+
+    @admin.display(description="attempts")
+    def tries(self, job: Job) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description="progress")
+    def progress(self, job: Job) -> str:
+        if job.progress_total:
+            return f"{job.progress_current:,} of {job.progress_total:,}"
+        return f"{job.progress_current:,}" if job.progress_current else "—"
+
+    @admin.display(description="timeline")
+    def timeline(self, job: Job) -> str:
+        url = reverse("dashboard:job", args=[job.pk])
+        return format_html(
+            '{} events; the live timeline is on <a href="{}">the dashboard\'s job page</a>.',
+            f"{job.last_event_seq:,}",
+            url,
+        )
+
+    @admin.display(description="worker")
+    def worker_link(self, job: Job) -> str:
+        """The worker that ran the job. Its row may be gone (no FK): never ``job.worker``."""
+        if job.worker_id is None:
+            return "—"
+        if not Worker.objects.filter(pk=job.worker_id).exists():
+            return f"{job.worker_id} (gone)"
+        url = reverse(admin_url_name(Worker, "change"), args=[job.worker_id])
+        return format_html('<a href="{}">{}</a>', url, job.worker_id)
+
+    @admin.display(description="children")
+    def children(self, job: Job) -> str:
+        # One probe on job_parent_idx; the list behind the link pages with capped counts.
+        if not Job.objects.filter(parent_id=job.pk).exists():
+            return "—"
+        url = reverse(admin_url_name(Job, "changelist"))
+        return format_html('<a href="{}?parent={}">its child jobs</a>', url, job.pk)
+
+    # --- actions -----------------------------------------------------------------
+
+    @admin.action(
+        permissions=["operate"],
+        description="Cancel the selected jobs (and their descendants)",
+        location=BOTH_PLACES,
+    )
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._run(request, queryset, "cancel")
+
+    @admin.action(
+        permissions=["operate"],
+        description="Retry the selected failed or cancelled jobs",
+        location=BOTH_PLACES,
+    )
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._run(request, queryset, "retry")
+
+    def _run(self, request: HttpRequest, queryset: QuerySet, kind: str) -> None:
+        """One job goes the job page's way, several the bulk way; both are the dashboard's."""
+        done = {"cancel": "Cancelled", "retry": "Retried"}[kind]
+        sample = list(queryset.order_by().values_list("pk", flat=True)[:2])
+        if len(sample) == 1:
+            run_one = (
+                dashboard_actions.cancel_one if kind == "cancel" else dashboard_actions.retry_one
+            )
+            try:
+                changed = int(run_one(sample[0], user=request.user))
+            except ControlPlaneError as error:
+                self.message_user(request, str(error), messages.ERROR)
+                return
+            self._report(request, kind, done, changed, truncated=False)
+            return
+        limit = cap()
+        eligible = queryset.filter(status__in=dashboard_actions.ACTIONS[kind])
+        ids = list(
+            eligible.order_by("-created_at", "-id").values_list("pk", flat=True)[: limit + 1]
+        )
+        plan = dashboard_actions.plan_bulk(kind, scope="selected", ids=ids[:limit])
+        changed = dashboard_actions.run_bulk(plan, user=request.user)
+        self._report(request, kind, done, changed, truncated=len(ids) > limit)
+
+    def _report(
+        self, request: HttpRequest, kind: str, done: str, changed: int, *, truncated: bool
+    ) -> None:
+        if not changed:
+            only = "queued or running" if kind == "cancel" else "failed or cancelled"
+            self.message_user(
+                request,
+                f"No job could be {done.lower()} (only {only} jobs can); nothing changed.",
+                messages.WARNING,
+            )
+            return
+        text = f"{done} {changed:,} job{'s' if changed != 1 else ''}."
+        if truncated:
+            text += f" At most {cap():,} change per run: run it again for the rest."
+        self.message_user(request, text, messages.SUCCESS)
+
+
+def admin_url_name(model: type[Model], view: str) -> str:
+    """``admin:<app_label>_<model>_<view>``, from the model's own label (it may be renamed)."""
+    return f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}"
+
+
+# --- workers, queues, audit log ----------------------------------------------------
+
+
+@admin.register(Worker)
+class WorkerAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = (
+        "__str__",
+        "kind",
+        "hostname",
+        "pid",
+        "queues",
+        "concurrency",
+        "last_heartbeat",
+        "alive",
+        "user",
+    )
+    list_filter = ("kind",)
+    list_select_related = ("user",)
+    search_fields = ("name", "hostname")
+    ordering = ("hostname", "pid")
+    show_facets = admin.ShowFacets.NEVER
+
+    @admin.display(boolean=True, description="alive")
+    def alive(self, worker: Worker) -> bool:
+        return worker.last_heartbeat >= stale_before()
+
+
+@admin.register(Queue)
+class QueueAdmin(ViewerMixin, admin.ModelAdmin):
+    """Queue settings; pause, resume and caps go through the dashboard's audited functions."""
+
+    list_display = ("name", "kind", "paused", "concurrency_cap", "updated_at")
+    list_filter = ("kind", "paused")
+    search_fields = ("name",)
+    fields = ("name", "kind", "paused", "concurrency_cap", "updated_at")
+    actions = ["pause_queues", "resume_queues"]
+    show_facets = admin.ShowFacets.NEVER
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        # The name is the primary key: renaming would leave the old row behind.
+        return ("name", "updated_at") if obj is not None else ("updated_at",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return can_act(request.user)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_act(request.user)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # deleting a row would unpause and uncap its queue without an audit entry
+
+    def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
+        changed = set(form.changed_data)
+        others = sorted(changed - {"paused", "concurrency_cap"})
+        if not change:
+            obj.save()
+        elif others:
+            obj.save(update_fields=[*others, "updated_at"])
+        if "paused" in changed:
+            dashboard_actions.set_paused(obj.name, obj.paused, user=request.user)
+        if "concurrency_cap" in changed:
+            dashboard_actions.set_concurrency_cap(obj.name, obj.concurrency_cap, user=request.user)
+
+    @admin.action(permissions=["change"], description="Pause the selected queues")
+    def pause_queues(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._set_paused(request, queryset, paused=True)
+
+    @admin.action(permissions=["change"], description="Resume the selected queues")
+    def resume_queues(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._set_paused(request, queryset, paused=False)
+
+    def _set_paused(self, request: HttpRequest, queryset: QuerySet, *, paused: bool) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        for name in names:
+            dashboard_actions.set_paused(name, paused, user=request.user)
+        verb = "Paused" if paused else "Resumed"
+        self.message_user(request, f"{verb} {len(names)} queue{'s' if len(names) != 1 else ''}.")
+
+
+class ActionFilter(admin.SimpleListFilter):
+    """The audit log's action names are a fixed list: no ``SELECT DISTINCT`` over the log."""
+
+    title = "action"
+    parameter_name = "action"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return list(audit.LABELS.items())
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset.filter(action=self.value()) if self.value() else queryset
+
+
+@admin.register(OperatorAction)
+class OperatorActionAdmin(ReadOnlyMixin, BoundedListAdmin):
+    list_display = ("at", "username", "action", "target", "count", "reason")
+    list_filter = (ActionFilter,)
+    search_fields = ("=username", "=target")
+    search_help_text = "A user name or a target (a job id, a queue name), exactly."
+    sortable_by = ("at",)
