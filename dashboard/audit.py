@@ -27,6 +27,7 @@ PAUSE = "pause"
 RESUME = "resume"
 SET_CAP = "set_cap"
 REQUEUE_ORPHAN = "requeue_orphan"
+PURGE = "purge"  # manage.py jobs purge
 
 LABELS = {
     CANCEL: "Cancelled",
@@ -37,6 +38,7 @@ LABELS = {
     RESUME: "Resumed",
     SET_CAP: "Concurrency cap",
     REQUEUE_ORPHAN: "Requeued orphan",
+    PURGE: "Purged finished jobs",
 }
 
 
