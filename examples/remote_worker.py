@@ -1,6 +1,6 @@
 """A remote worker: runs jobs on a machine that cannot reach the control plane's database.
 
-Needs only the client package (``pip install 'django-controlplane[client]'``
+Needs only the client package (``pip install './clients/python[push]'``
 or just ``httpx``; ``websockets`` adds push wake-ups). Give it a token of a
 user holding the ``controlplane.run_remote_jobs`` permission::
 

@@ -1,4 +1,4 @@
-"""Diagnostic operations shipped with the product (see CONTRACT.md).
+"""Diagnostic operations shipped with the product (README, "Diagnostic operations").
 
 They let an operator smoke-test a deployment and let tests drive every path
 of the engine through the public surface.
@@ -59,7 +59,7 @@ def sleep(ctx: JobContext, payload: dict[str, Any]) -> dict[str, float]:
     max_attempts=3,
     payload_schema={
         "type": "object",
-        # CONTRACT.md: {"message": str, "retryable": bool?}
+        # Payload: {"message": str, "retryable": bool?}
         "required": ["message"],
         "properties": {"message": {"type": "string"}, "retryable": {"type": "boolean"}},
         "additionalProperties": False,
@@ -74,7 +74,7 @@ def fail(ctx: JobContext, payload: dict[str, Any]) -> None:
     "retry_later",
     payload_schema={
         "type": "object",
-        # CONTRACT.md: {"times": int, "delay": float}, both required.
+        # Payload: {"times": int, "delay": float}, both required.
         "required": ["times", "delay"],
         "properties": {
             "times": {"type": "integer", "minimum": 0, "maximum": 1000},

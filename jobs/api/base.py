@@ -117,6 +117,24 @@ class ApiView(ApiDefaults, APIView):
     parser_classes = [LimitedJSONParser]
     permission_classes = [MethodPermission]
     required_permissions: dict[str, str] = {}
+    # The query parameters the route reads; any other is a 400 rather than silently
+    # ignored (``?after=`` sent to the list, ``?cursor=`` to the events…).
+    query_parameters: tuple[str, ...] = ()
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authentication and permission first
+        unknown = sorted(set(request.query_params) - set(self.query_parameters))
+        if unknown:
+            takes = ", ".join(self.query_parameters) or "no query parameters"
+            raise ValidationError(
+                {
+                    # backslashreplace: a lone surrogate in a name stays printable JSON
+                    name[:60].encode("utf-8", "backslashreplace").decode(): [
+                        f"Unknown query parameter; this route takes {takes}."
+                    ]
+                    for name in unknown[:10]
+                }
+            )
 
     @staticmethod
     def body(request: Request) -> dict[str, Any]:

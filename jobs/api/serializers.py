@@ -1,4 +1,4 @@
-"""JSON shapes of the REST API (CONTRACT.md), for reading, writing and the schema.
+"""JSON shapes of the REST API (README, "REST API"), for reading, writing and the schema.
 
 Output serializers read model rows or the selectors' values; input
 serializers only check types: the rules themselves (known operation, payload
@@ -47,7 +47,7 @@ assert tuple(StateCountsSerializer().fields) == STATES
 
 
 class JobSerializer(serializers.ModelSerializer):
-    """Job JSON exactly as CONTRACT.md lists it, plus ``expires_at`` and ``idempotency_key``."""
+    """Job JSON as the README lists it, plus ``expires_at`` and ``idempotency_key``."""
 
     parent = serializers.UUIDField(source="parent_id", read_only=True, allow_null=True)
     worker = serializers.UUIDField(source="worker_id", read_only=True, allow_null=True)

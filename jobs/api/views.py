@@ -1,4 +1,4 @@
-"""Job routes of CONTRACT.md: thin views over ``jobs.selectors``, ``jobs.enqueue`` and
+"""Job routes of the REST API: thin views over ``jobs.selectors``, ``jobs.enqueue`` and
 ``jobs.transitions``.
 
 Each view names the permission each method needs (``jobs.api.permissions``).
@@ -50,6 +50,7 @@ from jobs.transitions import cancel_job, retry_job
 
 
 class JobListView(ApiView):
+    query_parameters = (*selectors.FILTER_KEYS, "cursor", "limit", "count")
     required_permissions = {"GET": VIEW, "POST": ADD}
 
     @extend_schema(
@@ -152,6 +153,7 @@ class JobDetailView(ApiView):
 
 
 class JobEventsView(ApiView):
+    query_parameters = ("after", "limit")
     required_permissions = {"GET": VIEW, "POST": REMOTE}
 
     @extend_schema(

@@ -24,6 +24,7 @@ Import from ``jobs.selectors`` itself; the submodules (``filters``, ``jobs``,
 
 from jobs.selectors.counts import COUNT_TIMEOUT_MS, CountResult, estimated_count
 from jobs.selectors.filters import (
+    FILTER_KEYS,
     STATES,
     InvalidFilter,
     JobFilters,
@@ -57,6 +58,7 @@ __all__ = [
     "COUNT_TIMEOUT_MS",
     "DEFAULT_EVENT_LIMIT",
     "DEFAULT_PAGE_SIZE",
+    "FILTER_KEYS",
     "MAX_EVENT_LIMIT",
     "MAX_PAGE_SIZE",
     "STATES",

@@ -22,6 +22,16 @@ from jobs.states import Status
 from jobs.storable import unstorable_text
 
 STATES: tuple[str, ...] = tuple(s.value for s in Status)
+# The keys ``job_filters_from_query`` reads.
+FILTER_KEYS: tuple[str, ...] = (
+    "status",
+    "queue",
+    "operation",
+    "parent",
+    "created_after",
+    "created_before",
+    "q",
+)
 
 _HEXISH = re.compile(r"^[0-9a-fA-F-]{4,36}$")
 

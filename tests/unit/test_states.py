@@ -1,4 +1,4 @@
-"""The state machine against CONTRACT.md's table, pair by pair (no database)."""
+"""The state machine against the documented table (README, "Job states"), pair by pair (no database)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from jobs.states import (
     sources_for,
 )
 
-# CONTRACT.md, "Job states", written out literally: (from, to).
+# The documented transitions, written out literally: (from, to).
 CONTRACT_TABLE = {
     ("queued", "running"),
     ("queued", "cancelled"),

@@ -63,4 +63,4 @@ class Command(BaseCommand):
                 user.set_password(password)
                 user.save(update_fields=["password"])
             user.groups.add(role_group(role))
-        self.stdout.write(f"{username} is now a {role} ({ROLES[role][0]}).")
+        self.stdout.write(f"{username} now has the {role} role ({ROLES[role][0]}).")

@@ -341,3 +341,20 @@ def test_permission_denied_outside_a_view_is_json_for_the_api():
     assert json.loads(response.content) == {"message": "No.", "errors": {}}
     page = handler403(RequestFactory().get("/dashboard/"), PermissionDenied("No."))
     assert page.status_code == 403 and page["Content-Type"].startswith("text/html")
+
+
+def test_unknown_query_parameters_are_refused_not_ignored(viewer):
+    job = queued()
+    # The events take ``after``; the list pages with ``cursor``: each refuses the other's.
+    error = assert_error_shape(viewer.get("/jobs?after=3&status=queued"), 400)
+    assert "cursor" in error["errors"]["after"][0]
+    error = assert_error_shape(viewer.get(f"/jobs/{job.pk}/events?cursor=abc"), 400)
+    assert error["errors"]["cursor"] == ["Unknown query parameter; this route takes after, limit."]
+    assert_error_shape(viewer.get(f"/jobs/{job.pk}?expand=events"), 400)
+    assert_error_shape(viewer.get("/queues?%ED%A0%80%00=1"), 400)
+    assert viewer.get(f"/jobs/{job.pk}/events?after=0&limit=5").status_code == 200
+    assert viewer.get("/jobs?status=queued&cursor=&limit=5&count=0").status_code == 200
+
+
+def test_unknown_query_parameters_do_not_tell_anonymous_callers_anything(db):
+    assert Client().get("/jobs?bogus=1").status_code in (401, 403)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 def test_viewer_sees_and_cannot_act(capsys):
     call_command("grant_role", "vera", "viewer", "--create")
-    assert "vera is now a viewer" in capsys.readouterr().out
+    assert "vera now has the viewer role" in capsys.readouterr().out
     vera = User.objects.get(username="vera")
     assert vera.has_perm("controlplane.view_job")
     assert not vera.has_perm("controlplane.change_job")
