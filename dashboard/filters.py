@@ -15,13 +15,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.db import connections
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.db.models.fields.json import KeyTransform
 from django.http import QueryDict
 from django.utils import timezone
 
 from dashboard.inputs import InvalidJSON, parse_json_object, printable, text_problem
-from jobs.selectors import parse_timestamp
+from jobs.selectors import parse_timestamp, text_query
 from jobs.states import Status
 
 RANGES: dict[str, timedelta] = {
@@ -200,23 +200,10 @@ class JobFilters:
         if self.time_to:
             qs = qs.filter(created_at__lt=self.time_to)
         if self.q:
-            qs = qs.filter(self._text_q())
+            qs = qs.filter(text_query(self.q))
         if self.payload is not None:
             qs = self._apply_payload(qs)
         return qs
-
-    def _text_q(self) -> Q:
-        text = self.q
-        cond = (
-            Q(operation__icontains=text)
-            | Q(error_code__icontains=text)
-            | Q(error_message__icontains=text)
-        )
-        try:
-            return Q(pk=uuid.UUID(text)) | cond
-        except ValueError:
-            pass
-        return cond
 
     def _apply_payload(self, qs: QuerySet) -> QuerySet:
         """jsonb ``@>`` on PostgreSQL; on SQLite, one equality per top-level key.

@@ -41,7 +41,14 @@ def compact_json(value: Any, limit: int = 300) -> str:
 
 @register.filter
 def short_id(value: Any) -> str:
-    return str(value)[:8]
+    """``0193a1b2…c09f3c``: the head a search by prefix finds, and the random tail.
+
+    A UUIDv7 starts with its time in milliseconds, so its first 8 hex digits are
+    the same for every job made within ~65 s; the last 6 tell those apart. The
+    job list's search (``q``) takes this form as it is.
+    """
+    text = str(value)
+    return f"{text[:8]}…{text[-6:]}" if len(text) == 36 else text[:8]
 
 
 @register.filter

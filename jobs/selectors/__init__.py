@@ -32,6 +32,7 @@ from jobs.selectors.filters import (
     parse_limit,
     parse_timestamp,
     parse_uuid,
+    text_query,
     unstorable_text,
 )
 from jobs.selectors.jobs import (
@@ -83,6 +84,7 @@ __all__ = [
     "parse_limit",
     "parse_timestamp",
     "parse_uuid",
+    "text_query",
     "queue_detail",
     "queue_stats",
     "unstorable_text",

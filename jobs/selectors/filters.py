@@ -34,6 +34,8 @@ FILTER_KEYS: tuple[str, ...] = (
 )
 
 _HEXISH = re.compile(r"^[0-9a-fA-F-]{4,36}$")
+# The dashboard's short id: head and tail of the UUID (``0193a1b2…c09f3c``).
+_SHORT_ID = re.compile(r"^([0-9a-fA-F]{8})(?:…|\.\.\.)([0-9a-fA-F]{4,12})$")
 
 
 class InvalidFilter(ValueError):
@@ -86,16 +88,19 @@ class JobFilters:
         if self.ids:
             qs = qs.filter(pk__in=self.ids)
         if self.q:
-            qs = qs.filter(_text_query(self.q))
+            qs = qs.filter(text_query(self.q))
         return qs
 
 
-def _text_query(text: str) -> Q:
-    """Free text over id (whole or prefix), operation, error code and error message."""
+def text_query(text: str) -> Q:
+    """Free text over id (whole, prefix, or the short form head…tail), operation and errors."""
     try:
         return Q(pk=uuid.UUID(text))
     except ValueError:
         pass
+    short = _SHORT_ID.match(text)
+    if short:
+        return Q(id__istartswith=short.group(1)) & Q(id__iendswith=short.group(2))
     query = (
         Q(operation__icontains=text)
         | Q(error_code__icontains=text)

@@ -187,3 +187,17 @@ def test_list_live_endpoint_refreshes_rows_and_counts_new_jobs(operator_client: 
     html = operator_client.get(url.replace("+", "%2B")).content.decode()
     assert f'id="job-{first.pk}"' in html and "hx-swap-oob" in html
     assert "1 new job matches" in html
+
+
+def test_short_ids_tell_jobs_of_the_same_minute_apart_and_find_them(viewer_client):
+    from dashboard.templatetags.dash import short_id
+
+    jobs = [queued({"n": n}) for n in range(20)]
+    shorts = {short_id(job.pk) for job in jobs}
+    assert len({str(job.pk)[:8] for job in jobs}) == 1  # the old 8-digit form: all alike
+    assert len(shorts) == len(jobs)
+    target = jobs[7]
+    assert ids_of(f"q={short_id(target.pk)}") == {target.pk}
+    assert ids_of(f"q={str(target.pk)[:8]}...{str(target.pk)[-6:]}") == {target.pk}
+    page = viewer_client.get("/dashboard/jobs/").content.decode()
+    assert short_id(target.pk) in page
