@@ -2,20 +2,26 @@
 
 The timeline is read by ``seq`` on the unique ``(job, seq)`` index, newest
 page first; ``events_after`` is the cursor live updates and polling share.
+A level filter narrows the same read to that job's rows, so a page stays
+bounded; ``timeline_entries`` then folds runs of progress-only ticks into
+one entry each (``live.js`` folds live arrivals the same way).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
+from django.db.models import Q
 from django.utils import timezone
 
 from dashboard.conf import setting
 from dashboard.db import Count, capped_count
 from dashboard.selectors import LIST_FIELDS, STATES, stale_before
-from jobs.models import Job, JobEvent, Worker
+from jobs.models import EventLevel, Job, JobEvent, Worker
 from jobs.states import RUNNING
 
 
@@ -88,15 +94,41 @@ def job_detail(job_id: uuid.UUID | str) -> JobDetail | None:
     )
 
 
+# Levels from least to most severe: a filter at one level shows it and those after it.
+LEVELS: tuple[str, ...] = tuple(EventLevel.values)
+# Each claim writes this event: it begins an attempt, and heads it on the timeline.
+ATTEMPT_EVENT = "job.started"
+PROGRESS_PREFIX = "_progress_"
+
+
+def timeline_level(raw: str | None) -> str:
+    """The level filter named by ``?level=``: ``""`` (everything) or a level above the least.
+
+    The least severe level shows everything, so it is the same as no filter;
+    anything unknown is ignored rather than refused (it comes from a link).
+    """
+    return raw if raw in LEVELS[1:] else ""
+
+
 def timeline(
-    job_id: uuid.UUID, *, before: int | None = None, limit: int | None = None
+    job_id: uuid.UUID,
+    *,
+    before: int | None = None,
+    limit: int | None = None,
+    level: str = "",
 ) -> tuple[list[JobEvent], bool]:
     """The latest ``limit`` events (or those before seq ``before``), ascending, and
-    whether earlier ones exist."""
+    whether earlier ones exist.
+
+    With a ``level`` only events at that level or above are read, plus every
+    attempt's start, which heads its group on the timeline.
+    """
     limit = int(limit or setting("TIMELINE_PAGE"))
     qs = JobEvent.objects.filter(job_id=job_id)
     if before is not None:
         qs = qs.filter(seq__lt=before)
+    if level in LEVELS:
+        qs = qs.filter(Q(level__in=LEVELS[LEVELS.index(level) :]) | Q(event=ATTEMPT_EVENT))
     rows = list(qs.order_by("-seq")[: limit + 1])
     earlier = len(rows) > limit
     return list(reversed(rows[:limit])), earlier
@@ -105,3 +137,57 @@ def timeline(
 def events_after(job_id: uuid.UUID, after: int, limit: int = 500) -> list[JobEvent]:
     """Events with seq > ``after``, ascending: gap-free because seqs commit in order."""
     return list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])
+
+
+def is_progress_only(event: JobEvent) -> bool:
+    """True for a tick that carries nothing but ``_progress_*`` fields (the bar shows them)."""
+    fields = event.fields
+    return (
+        isinstance(fields, dict)
+        and bool(fields)
+        and all(str(key).startswith(PROGRESS_PREFIX) for key in fields)
+    )
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One line of the timeline: an event, or the latest of a run of ``count``
+    progress-only ticks of the same name and message, the first being ``first_seq``."""
+
+    event: JobEvent
+    count: int = 1
+    first_seq: int = 0
+
+    @property
+    def folded(self) -> bool:
+        return self.count > 1
+
+
+def timeline_entries(events: Sequence[JobEvent]) -> list[TimelineEntry]:
+    """``events`` (ascending) as lines, consecutive progress-only ticks folded into one.
+
+    Only ticks that say nothing new fold: same event name, same message (often
+    empty). Anything else between two ticks ends the run.
+    """
+    entries: list[TimelineEntry] = []
+    for event in events:
+        last = entries[-1] if entries else None
+        if (
+            last is not None
+            and is_progress_only(event)
+            and is_progress_only(last.event)
+            and (event.event, event.message) == (last.event.event, last.event.message)
+        ):
+            entries[-1] = TimelineEntry(event, last.count + 1, last.first_seq)
+        else:
+            entries.append(TimelineEntry(event, 1, event.seq))
+    return entries
+
+
+def progress_value(fields: Any) -> str:
+    """A tick's progress as ``3 / 10`` (or ``3``), ``""`` when it reports none."""
+    if not isinstance(fields, dict) or f"{PROGRESS_PREFIX}current" not in fields:
+        return ""
+    current, total = fields.get(f"{PROGRESS_PREFIX}current"), fields.get(f"{PROGRESS_PREFIX}total")
+    text = f"{current} / {total}" if total is not None else str(current)
+    return text if len(text) <= 60 else text[:59] + "…"  # a local emit may pass anything

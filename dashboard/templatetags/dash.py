@@ -110,6 +110,38 @@ def fields_items(fields: Any) -> list[tuple[str, str]]:
 
 
 @register.filter
+def event_fields(fields: Any) -> list[tuple[str, str]]:
+    """``fields_items`` without the ``_progress_*`` fields: the progress bar shows those."""
+    from dashboard.detail import PROGRESS_PREFIX
+
+    return [(k, v) for k, v in fields_items(fields) if not k.startswith(PROGRESS_PREFIX)]
+
+
+@register.filter
+def progress_only(event: Any) -> bool:
+    """True for a tick carrying only progress fields: the timeline shows it compactly."""
+    from dashboard.detail import is_progress_only
+
+    return is_progress_only(event)
+
+
+@register.filter
+def starts_attempt(event: Any) -> bool:
+    """True for the event each claim writes: it heads an attempt on the timeline."""
+    from dashboard.detail import ATTEMPT_EVENT
+
+    return getattr(event, "event", None) == ATTEMPT_EVENT
+
+
+@register.filter
+def progress_value(fields: Any) -> str:
+    """An event's progress as ``3 / 10``; ``""`` when it carries none."""
+    from dashboard.detail import progress_value as value
+
+    return value(fields)
+
+
+@register.filter
 def job_progress(job: Any) -> Any:
     """The progress figures of a job row (None when it reports none)."""
     from dashboard.detail import progress_of

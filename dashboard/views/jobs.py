@@ -20,6 +20,9 @@ from jobs.models import Job, RemoteOperation
 from jobs.operations import registry
 from jobs.selectors import InvalidFilter, parse_timestamp, parse_uuid
 
+# The timeline's level filter links: (query value, label); "" shows everything.
+LEVEL_FILTERS = (("", "All"), ("warning", "Warnings and errors"), ("error", "Errors"))
+
 
 def _list_context(request: HttpRequest) -> dict:
     loaded_at = timezone.now()  # before the reads: later changes reach the page live
@@ -89,16 +92,31 @@ def _detail_or_404(job_id: uuid.UUID) -> detail_reads.JobDetail:
     return detail
 
 
+def _timeline_context(
+    job_id: uuid.UUID, level: str, *, before: int | None = None, cursor: int = 0
+) -> dict:
+    """One page of the timeline as lines, with what its links and ``live.js`` need:
+    the seq to page back from and the cursor live updates continue after."""
+    events, earlier = detail_reads.timeline(job_id, before=before, level=level)
+    return {
+        "entries": detail_reads.timeline_entries(events),
+        "earlier": earlier,
+        "earliest_seq": events[0].seq if events else 0,
+        # A filter hides events: continue after the job's last one, not the last shown.
+        "last_seq": max(cursor, events[-1].seq if events else 0),
+        "level": level,
+        "level_filters": LEVEL_FILTERS,
+    }
+
+
 @page
 def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     detail = _detail_or_404(job_id)
-    events, earlier = detail_reads.timeline(job_id)
+    level = detail_reads.timeline_level(request.GET.get("level"))
     context = {
         **base_context(request, "jobs"),
         **fragments.job_context(detail, role_of(request.user)),
-        "events": events,
-        "earlier": earlier,
-        "last_seq": events[-1].seq if events else 0,
+        **_timeline_context(job_id, level, cursor=detail.job.last_event_seq),
     }
     return render(request, fragments.JOB_TEMPLATE, context)
 
@@ -124,11 +142,8 @@ def job_live(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
 
 @page
 def job_earlier(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
-    """Older timeline entries, loaded on demand above the ones shown."""
+    """Older timeline entries, loaded on demand above the ones shown (same level filter)."""
     before = _int(request.GET.get("before"))
-    events, earlier = detail_reads.timeline(job_id, before=before)
-    html = render_to_string(
-        f"{fragments.JOB_TEMPLATE}#earlier-page",
-        {"job": {"id": job_id}, "events": events, "earlier": earlier},
-    )
-    return HttpResponse(html)
+    level = detail_reads.timeline_level(request.GET.get("level"))
+    context = {"job": {"id": job_id}, **_timeline_context(job_id, level, before=before)}
+    return HttpResponse(render_to_string(f"{fragments.JOB_TEMPLATE}#earlier-page", context))

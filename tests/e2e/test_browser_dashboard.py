@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -34,6 +35,17 @@ def query_of(url: str) -> dict[str, list[str]]:
 def timeline_seqs(page) -> list[int]:
     return page.eval_on_selector_all(
         "#timeline > li", "items => items.map(i => Number(i.dataset.seq))"
+    )
+
+
+def covered_seqs(page) -> list[int]:
+    """Every seq the timeline accounts for: each entry's own, and those it folded."""
+    return page.eval_on_selector_all(
+        "#timeline > li",
+        """items => items.flatMap(i => {
+            const last = Number(i.dataset.seq), first = Number(i.dataset.fromSeq || last);
+            return Array.from({ length: last - first + 1 }, (_, k) => first + k);
+        })""",
     )
 
 
@@ -295,6 +307,9 @@ def test_requeue_a_job_orphaned_by_a_dead_worker(open_page) -> None:
     page.goto("/dashboard/workers/")
     expect(page.locator("tr.is-stale")).to_contain_text("gone-host")
     expect(page.locator("tr.is-stale .flag-bad")).to_have_text("stale")
+    # The heartbeat's age shows its absolute time on hover.
+    beat = dead.last_heartbeat.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    expect(page.locator("tr.is-stale [data-age]")).to_have_attribute("title", beat)
     page.get_by_role("button", name="Requeue").click()
     expect(page.locator(".message-success")).to_contain_text("Job requeued")
     assert Job.objects.get(pk=orphan.pk).status == "queued"
@@ -316,8 +331,41 @@ def test_a_real_worker_runs_a_job_while_the_page_watches(open_page, start_proces
     expect(page.locator("#job-progress")).to_contain_text("5 / 5")
     expect(page.locator("#timeline")).to_contain_text("job.succeeded")
     expect(page.locator("#job-outcome")).to_contain_text("slept")
-    seqs = timeline_seqs(page)
-    assert seqs == list(range(1, len(seqs) + 1)), worker_process.output()
+    # The quiet ticks arrived one by one and folded into one line, the latest.
+    ticks = page.locator("#timeline > li.ev-tick")
+    expect(ticks).to_have_count(1)
+    expect(ticks).to_contain_text("5 progress updates")
+    expect(ticks.locator(".ev-progress")).to_have_text("5 / 5")
+    assert covered_seqs(page) == list(range(1, fresh(job).last_event_seq + 1)), (
+        worker_process.output()
+    )
+
+
+def test_live_entries_fold_and_keep_the_level_filter(open_page) -> None:
+    job, held = running()
+    page = open_page("viewer")
+    page.goto(f"/dashboard/jobs/{job.pk}/?level=warning")
+    expect(page.locator("#live")).to_have_attribute("data-state", "live")
+    assert timeline_seqs(page) == [2]  # the attempt's header stays
+    tick(job, held, 1, 3)
+    seq = emit_event(
+        job.pk,
+        event="disk.low",
+        level="warning",
+        message="shown live",
+        lease_token=held.lease_token,
+    )
+    expect(page.locator("#timeline")).to_contain_text("shown live")
+    assert timeline_seqs(page) == [2, seq]
+    expect(page.locator("#timeline")).to_have_attribute("data-cursor", str(seq))
+    page.get_by_role("link", name="All").click()
+    expect(page.locator("#live")).to_have_attribute("data-state", "live")
+    last = tick(job, held, 2, 3)
+    expect(page.locator("#timeline > li.ev-tick").last).to_have_attribute("data-seq", str(last))
+    tick(job, held, 3, 3)
+    expect(page.locator("#timeline > li.ev-tick").last).to_contain_text("2 progress updates")
+    expect(page.locator("#timeline > li.ev-tick")).to_have_count(2)  # the warning between
+    assert covered_seqs(page) == list(range(1, fresh(job).last_event_seq + 1))
 
 
 def test_earlier_events_and_the_theme_toggle(open_page) -> None:

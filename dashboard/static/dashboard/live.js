@@ -32,9 +32,14 @@
   }
 
   // --- what the page currently shows ---------------------------------------------
+  // The seq live updates continue after: the last entry shown, or further when
+  // the level filter hid later events (the page's data-cursor, kept by settleTimeline).
   function lastSeq() {
-    var items = document.querySelectorAll("#timeline > [data-seq]");
-    return items.length ? Number(items[items.length - 1].dataset.seq) : 0;
+    var list = document.getElementById("timeline");
+    if (!list) return 0;
+    var items = list.querySelectorAll("#timeline > [data-seq]");
+    var last = items.length ? Number(items[items.length - 1].dataset.seq) : 0;
+    return Math.max(last, Number(list.dataset.cursor) || 0);
   }
   function rows() { return Array.prototype.slice.call(document.querySelectorAll("#job-rows tr[data-job-id]")); }
   function rowIds() { return rows().map(function (r) { return r.dataset.jobId; }); }
@@ -80,13 +85,58 @@
     return Boolean(a && a.closest && a.closest("[data-live-hold] form") &&
       a.matches("input, textarea, select, button"));
   }
-  function dedupeTimeline() {
-    var seen = -1;
-    document.querySelectorAll("#timeline > [data-seq]").forEach(function (item) {
-      var seq = Number(item.dataset.seq);
-      if (seq <= seen) item.remove(); else seen = seq;
-    });
+  // --- the timeline ------------------------------------------------------------------
+  // Entries arrive in seq order: live ones at the end, earlier pages at the start,
+  // each rendered alone. Settling the list drops repeats, records the highest seq
+  // seen (the cursor, even for an entry the filter then hides), applies the page's
+  // level filter (attempt headers stay) and folds a run of progress-only ticks of
+  // the same name and message into its latest entry, as the server does per page.
+  var LEVELS = { info: 0, warning: 1, error: 2 };
+  function messageOf(item) {
+    var message = item.querySelector(".ev-message");
+    return message ? message.textContent : "";
   }
+  function fold(previous, item) {
+    var count = (Number(previous.dataset.count) || 1) + (Number(item.dataset.count) || 1);
+    item.dataset.count = String(count);
+    item.dataset.fromSeq = previous.dataset.fromSeq || previous.dataset.seq;
+    var label = item.querySelector(".ev-folded");
+    if (label) { label.textContent = count + " progress updates"; label.hidden = false; }
+    var seq = item.querySelector(".ev-seq");
+    if (seq) seq.title = "Events #" + item.dataset.fromSeq + " to #" + item.dataset.seq;
+    previous.remove();
+  }
+  function settleTimeline() {
+    var list = document.getElementById("timeline");
+    if (!list) return;
+    var min = LEVELS[list.dataset.level] || 0;
+    var cursor = Number(list.dataset.cursor) || 0;
+    var seen = -1;
+    var previous = null;
+    list.querySelectorAll("#timeline > [data-seq]").forEach(function (item) {
+      var seq = Number(item.dataset.seq);
+      if (seq <= seen) { item.remove(); return; }
+      seen = seq;
+      cursor = Math.max(cursor, seq);
+      if (min && (LEVELS[item.dataset.level] || 0) < min && !item.hasAttribute("data-attempt")) {
+        item.remove();
+        return;
+      }
+      if (previous && item.dataset.tick && previous.dataset.tick === item.dataset.tick &&
+          messageOf(previous) === messageOf(item)) {
+        fold(previous, item);
+      }
+      previous = item;
+    });
+    list.dataset.cursor = String(cursor);
+  }
+  // An earlier page arrives by an htmx request (one event per inserted entry): settle once.
+  var settleQueued = false;
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    if (settleQueued) return;
+    settleQueued = true;
+    setTimeout(function () { settleQueued = false; settleTimeline(); }, 0);
+  });
   function apply(html) {
     if (!html) return;
     if (editing()) { pending = (pending || "") + html; return; } // someone is typing: later, in order
@@ -100,7 +150,7 @@
       var box = r.querySelector('input[name="ids"]');
       if (box && checked[r.dataset.jobId]) box.checked = true;
     });
-    dedupeTimeline();
+    settleTimeline();
     document.dispatchEvent(new CustomEvent("live:applied"));
   }
   document.addEventListener("focusout", function () {
@@ -198,6 +248,7 @@
     state: function () { return el.dataset.state; },
     interval: function () { return interval; },
   };
+  settleTimeline();
   setState("connecting", "Connecting…");
   connect();
 })();

@@ -22,6 +22,20 @@
     return diff < 0 ? text + " ago" : "in " + text;
   }
 
+  // Every relative time shows its absolute UTC time on hover, in the server's
+  // format (the reltime partial renders that title itself; ages and countdowns get it here).
+  function absolute(el, iso) {
+    if (el.hasAttribute("title")) return;
+    var t = Date.parse(iso);
+    if (!isNaN(t)) el.title = new Date(t).toISOString().slice(0, 19).replace("T", " ") + " UTC";
+  }
+
+  function titles() {
+    document.querySelectorAll("time[data-rel], [data-age], [data-countdown]").forEach(function (el) {
+      absolute(el, el.getAttribute("datetime") || el.getAttribute("data-age") || el.getAttribute("data-countdown"));
+    });
+  }
+
   function tick() {
     document.querySelectorAll("time[data-rel]").forEach(function (el) {
       var text = relative(el.getAttribute("datetime"));
@@ -108,10 +122,11 @@
   window.__refreshSelection = refreshSelection;
 
   document.addEventListener("DOMContentLoaded", function () {
+    titles();
     tick();
     refreshSelection();
     setInterval(tick, 1000);
   });
-  document.addEventListener("htmx:afterSettle", tick);
-  document.addEventListener("live:applied", function () { tick(); refreshSelection(); });
+  document.addEventListener("htmx:afterSettle", function () { titles(); tick(); });
+  document.addEventListener("live:applied", function () { titles(); tick(); refreshSelection(); });
 })();
