@@ -46,6 +46,55 @@ def progress_of(job: Job, now: datetime | None = None) -> Progress | None:
     return Progress(current=current, total=total, percent=percent, eta=eta)
 
 
+# Events whose fields carry a failure's traceback and fingerprint (``jobs.failures``).
+FAILURE_EVENTS = ("job.failed", "job.retry_scheduled")
+# How far back from a job's last event its failure is looked for: a failure is
+# its last event unless a later attempt runs, and the scan stays bounded then.
+FAILURE_LOOKBACK = 1000
+
+
+@dataclass(frozen=True)
+class LastFailure:
+    """The failure event behind the error a job shows: ``seq`` keys its traceback block."""
+
+    seq: int
+    traceback: str
+    fingerprint: str
+
+
+def last_failure(job: Job) -> LastFailure | None:
+    """The latest failure event of ``job`` if it recorded the error the job shows now.
+
+    An error written without one (a lease expiry, a timeout) after an earlier
+    failure must not borrow that failure's traceback, hence the comparison.
+    """
+    if not (job.error_code or job.error_message):
+        return None
+    row = (
+        JobEvent.objects.filter(
+            job_id=job.pk,
+            event__in=FAILURE_EVENTS,
+            seq__gt=job.last_event_seq - FAILURE_LOOKBACK,
+        )
+        .order_by("-seq")
+        .values_list("seq", "fields")
+        .first()
+    )
+    if row is None or not isinstance(row[1], dict):
+        return None
+    seq, fields = row
+    if (fields.get("error_code"), fields.get("error_message")) != (
+        job.error_code,
+        job.error_message,
+    ):
+        return None
+    return LastFailure(
+        seq=seq,
+        traceback=str(fields.get("traceback") or ""),
+        fingerprint=str(fields.get("fingerprint") or ""),
+    )
+
+
 @dataclass
 class JobDetail:
     job: Job
@@ -55,6 +104,7 @@ class JobDetail:
     children: list[Job]
     child_counts: dict[str, Count]
     progress: Progress | None
+    failure: LastFailure | None = None
 
     @property
     def child_total(self) -> int:
@@ -91,6 +141,7 @@ def job_detail(job_id: uuid.UUID | str) -> JobDetail | None:
         children=children,
         child_counts=child_counts,
         progress=progress_of(job),
+        failure=last_failure(job),
     )
 
 

@@ -16,14 +16,16 @@ from datetime import datetime, timedelta
 
 from django.db import connection
 from django.db.models import Count as DbCount
-from django.db.models import Max, Min, Q
-from django.db.models.functions import TruncMinute
+from django.db.models import Min, Q
+from django.db.models.fields.json import KT
+from django.db.models.functions import Left, TruncMinute
 from django.utils import timezone
 
 from dashboard.conf import setting
 from dashboard.db import Count, cap, capped_count, table_estimate
 from dashboard.filters import JobFilters
 from jobs.conf import knob
+from jobs.failures import FINGERPRINT_MESSAGE_CHARS, fingerprint
 from jobs.models import RECLAIM_EVENTS, Job, JobEvent, Queue, Worker
 from jobs.selectors import JobCursor, after_cursor, estimated_count
 from jobs.states import FAILED, QUEUED, RUNNING, SUCCEEDED, Status
@@ -263,31 +265,74 @@ class FailureGroup:
     last_at: datetime
     sample_id: uuid.UUID | None = None
     sample_message: str = ""
+    fingerprint: str = ""
+    # Set when the window held more failures than were read: the counts are of
+    # the latest ``sample_size`` failures.
+    sample_size: int | None = None
+
+
+# The latest failed jobs of the window that ``recent_failures`` reads (one
+# backward range of the (status, finished_at) index), and how many of their
+# failure events one query fetches (an OR of (job, seq) pairs, each a probe of
+# the unique index; SQLite bounds the depth of an expression).
+FAILURE_SAMPLE = 500
+FAILURE_EVENTS_PER_QUERY = 250
+
+
+def _failure_fingerprints(pairs: Sequence[tuple[uuid.UUID, int]]) -> dict[uuid.UUID, str]:
+    """The ``fingerprint`` field of each (job, seq) event that has one, by job id."""
+    found: dict[uuid.UUID, str] = {}
+    for start in range(0, len(pairs), FAILURE_EVENTS_PER_QUERY):
+        match = Q()
+        for job_id, seq in pairs[start : start + FAILURE_EVENTS_PER_QUERY]:
+            match |= Q(job_id=job_id, seq=seq)
+        rows = JobEvent.objects.filter(match).values_list("job_id", KT("fields__fingerprint"))
+        found.update((job_id, mark) for job_id, mark in rows if mark)
+    return found
 
 
 def recent_failures(hours: float | None = None, limit: int = 8) -> list[FailureGroup]:
-    """Failed jobs of the recent window grouped by (error class, operation), most first."""
+    """Failed jobs of the recent window grouped by (failure fingerprint, operation), most first.
+
+    A fingerprint (``jobs.failures``) names the error class, the message with
+    its ids and numbers collapsed, and the raising frame: two messages are
+    two rows. It is read from each job's failure event, which is its last
+    event; a failure recorded without one (before fingerprints, or by the
+    reaper) gets one computed from its error class and message. Only the
+    latest ``FAILURE_SAMPLE`` failures of the window are read.
+    """
     since = timezone.now() - timedelta(hours=hours or setting("FAILURE_WINDOW_HOURS"))
-    base = Job.objects.filter(status=FAILED, finished_at__gte=since).order_by()
-    groups = [
-        FailureGroup(error_code=code, operation=op, count=n, last_at=last)
-        for code, op, n, last in base.values_list("error_code", "operation")
-        .annotate(n=DbCount("id"), last=Max("finished_at"))
-        .order_by("-n", "-last")[:limit]
-    ]
-    # One sample message per group from the latest failures (a backward scan of
-    # the (status, finished_at) index), not one query per group.
-    wanted = {(g.error_code, g.operation): g for g in groups}
-    latest = base.order_by("-finished_at").values_list(
-        "error_code", "operation", "id", "error_message"
+    rows = list(
+        Job.objects.filter(status=FAILED, finished_at__gte=since)
+        .order_by("-finished_at")
+        .annotate(message=Left("error_message", FINGERPRINT_MESSAGE_CHARS))
+        .values_list("id", "operation", "error_code", "message", "finished_at", "last_event_seq")[
+            : FAILURE_SAMPLE + 1
+        ]
     )
-    for code, op, job_id, message in latest[:500]:
-        group = wanted.pop((code, op), None)
-        if group is not None:
-            group.sample_id, group.sample_message = job_id, message[:300]
-        if not wanted:
-            break
-    return groups
+    sampled = len(rows) > FAILURE_SAMPLE
+    rows = rows[:FAILURE_SAMPLE]
+    stored = _failure_fingerprints([(row[0], row[5]) for row in rows])
+    groups: dict[tuple[str, str], FailureGroup] = {}
+    for job_id, op, code, message, finished_at, _seq in rows:  # newest first
+        message = message or ""
+        mark = stored.get(job_id) or fingerprint(code, message)
+        group = groups.get((mark, op))
+        if group is None:
+            groups[(mark, op)] = FailureGroup(
+                error_code=code,
+                operation=op,
+                count=1,
+                last_at=finished_at,
+                sample_id=job_id,
+                sample_message=message[:300],
+                fingerprint=mark,
+                sample_size=FAILURE_SAMPLE if sampled else None,
+            )
+        else:
+            group.count += 1
+    # Most first; among equals the most recent (the dict keeps newest-first order).
+    return sorted(groups.values(), key=lambda g: -g.count)[:limit]
 
 
 # --- workers -------------------------------------------------------------------

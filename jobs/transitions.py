@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from jobs.dialect import Dialect, dialect
 from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
+from jobs.failures import failure_fields
 from jobs.states import (
     CANCELLED,
     FAILED,
@@ -320,14 +321,20 @@ def fail_job(
     retryable: bool = False,
     backoff_seconds: float | None = None,
     event: str = "job.failed",
+    traceback: str = "",
+    frame: str | None = None,
     using: str = "default",
 ) -> Status:
     """running -> queued with backoff while attempts remain (if retryable), else -> failed.
 
-    Returns the status the job moved to.
+    The event's fields carry the error, its ``fingerprint`` and, when given,
+    the bounded ``traceback`` (``jobs.failures``; ``frame`` is the raising
+    frame when the caller holds the exception). Returns the status the job
+    moved to.
     """
     now = timezone.now()
     error = {"error_code": error_code, "error_message": error_message}
+    details = failure_fields(error_code, error_message, traceback=traceback, frame=frame)
     with transaction.atomic(using=using):
         if retryable and backoff_seconds is not None:
             moved = _move(
@@ -340,7 +347,7 @@ def fail_job(
                     "job.retry_scheduled",
                     level="warning",
                     message=error_message,
-                    fields={**error, "delay_seconds": round(backoff_seconds, 3)},
+                    fields={**error, **details, "delay_seconds": round(backoff_seconds, 3)},
                 ),
                 assign={
                     **error,
@@ -356,7 +363,7 @@ def fail_job(
             job_id,
             target=FAILED,
             lease_token=lease_token,
-            event=Event(event, level="error", message=error_message, fields=error),
+            event=Event(event, level="error", message=error_message, fields={**error, **details}),
             assign={**error, **CLEAR_LEASE, "finished_at": now},
             using=using,
         )

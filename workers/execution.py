@@ -30,6 +30,7 @@ from jobs.exceptions import (
     UnknownOperation,
     UnstorableValue,
 )
+from jobs.failures import format_traceback, innermost_frame
 from jobs.independent import independent_connection
 from jobs.operations import JobContext, Operation, OperationRegistry, OperationResult
 from jobs.storable import first_unstorable, text_problem
@@ -60,6 +61,30 @@ class Outcome:
     status: str
     completion: Completion | None = None
     error: BaseException | None = None
+    # What a failure recorded (``failed``, ``retry_scheduled``): the worker's log line says it.
+    error_code: str = ""
+    error_message: str = ""
+
+
+# The worker's log level per outcome; INFO for the rest.
+_LOG_LEVELS = {
+    "succeeded": logging.DEBUG,
+    "failed": logging.WARNING,
+    "retry_scheduled": logging.WARNING,
+}
+# Characters of an error message a log line carries (the event keeps all of it).
+LOG_MESSAGE_CHARS = 500
+
+
+def _log_detail(flight: InFlight, outcome: Outcome) -> str:
+    """The end of a run's log line: why it stopped, or what the failure was."""
+    if outcome.status == "stopped":
+        return f" reason={flight.stop_reason}"
+    if outcome.error_code or outcome.error_message:
+        # repr keeps the line one line whatever the message holds (newlines, escapes).
+        message = outcome.error_message[:LOG_MESSAGE_CHARS]
+        return f" error={outcome.error_code} message={message!r}"
+    return ""
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
@@ -140,8 +165,9 @@ class JobRunner:
             outcome = Outcome("stopped", error=outcome.error)
         # Per-job success lines are DEBUG (CONTROLPLANE_LOG_LEVEL=DEBUG shows them):
         # at thousands of jobs a second they were half the worker's CPU, and the
-        # events table records every transition anyway. Other outcomes stay INFO.
-        level = logging.DEBUG if outcome.status == "succeeded" else logging.INFO
+        # events table records every transition anyway. Failures are WARNING and
+        # say what failed (the traceback is on the job's event); others stay INFO.
+        level = _LOG_LEVELS.get(outcome.status, logging.INFO)
         if log.isEnabledFor(level):
             log.log(
                 level,
@@ -152,7 +178,7 @@ class JobRunner:
                 job.queue,
                 job.attempt,
                 (time.monotonic() - flight.started) * 1000,
-                f" reason={flight.stop_reason}" if outcome.status == "stopped" else "",
+                _log_detail(flight, outcome),
             )
         if self.post_handle is not None:
             try:
@@ -170,7 +196,7 @@ class JobRunner:
             except Exception:  # noqa: BLE001 - fall through to a fresh connection
                 pass
         log.exception("job.record_failed job_id=%s", job.id)
-        return self._fail_fresh(job, "WorkerError", f"{type(error).__name__}: {error}")
+        return self._fail_fresh(job, "WorkerError", f"{type(error).__name__}: {error}", error=error)
 
     def _run(self, flight: InFlight) -> Outcome:
         job = flight.job
@@ -363,6 +389,7 @@ class JobRunner:
         error: BaseException | None = None,
     ) -> Outcome:
         job = flight.job
+        trace, frame = _trace_of(error)
         try:
             status = with_db_retry(
                 lambda: transitions.fail_job(
@@ -372,6 +399,8 @@ class JobRunner:
                     error_message=message,
                     retryable=retryable,
                     backoff_seconds=backoff,
+                    traceback=trace,
+                    frame=frame,
                 ),
                 what="fail",
                 sleep=flight.cancel.wait,
@@ -380,11 +409,19 @@ class JobRunner:
         except (LeaseLost, ControlPlaneError):
             return Outcome("lease_lost", error=error)
         except Exception:  # noqa: BLE001 - the session is broken; try a fresh one
-            return self._fail_fresh(job, code, message)
-        return Outcome("retry_scheduled" if status == "queued" else "failed", error=error)
+            return self._fail_fresh(job, code, message, error=error)
+        return Outcome(
+            "retry_scheduled" if status == "queued" else "failed",
+            error=error,
+            error_code=code,
+            error_message=message,
+        )
 
-    def _fail_fresh(self, job: ClaimedJob, code: str, message: str) -> Outcome:
+    def _fail_fresh(
+        self, job: ClaimedJob, code: str, message: str, *, error: BaseException | None = None
+    ) -> Outcome:
         """Mark the job failed on a brand-new connection when ours cannot commit."""
+        trace, frame = _trace_of(error)
         try:
             with independent_connection() as alias:
                 transitions.fail_job(
@@ -392,11 +429,20 @@ class JobRunner:
                     lease_token=job.lease_token,
                     error_code=code,
                     error_message=message,
+                    traceback=trace,
+                    frame=frame,
                     using=alias,
                 )
-            return Outcome("failed")
+            return Outcome("failed", error=error, error_code=code, error_message=message)
         except LeaseLost:
             return Outcome("lease_lost")
         except Exception:  # noqa: BLE001 - the lease will expire and the reaper takes over
             log.exception("job.fail_fresh_failed job_id=%s", job.id)
             return Outcome("lost")
+
+
+def _trace_of(error: BaseException | None) -> tuple[str, str | None]:
+    """The formatted traceback and raising frame of ``error``: ("", None) without one."""
+    if error is None or error.__traceback__ is None:
+        return "", None
+    return format_traceback(error), innermost_frame(error)

@@ -27,6 +27,7 @@ from jobs.api.errors import error_response
 from jobs.claims import ClaimedJob
 from jobs.conf import knob
 from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
+from jobs.failures import MAX_TRACEBACK_BYTES
 from jobs.models import Worker
 from jobs.mount import mount_prefix
 from jobs.operations import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
@@ -165,6 +166,16 @@ class FailBody(serializers.Serializer):
     error_code = serializers.CharField(max_length=200)
     error_message = serializers.CharField(allow_blank=True)
     retryable = serializers.BooleanField(required=False, default=False)
+    traceback = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        allow_null=True,
+        default="",
+        trim_whitespace=False,
+        help_text="The formatted traceback of the failure, shown on the job's page; past "
+        f"{MAX_TRACEBACK_BYTES} bytes its head and tail are kept. No NUL character or lone "
+        "surrogate.",
+    )
 
 
 # --- renderings -----------------------------------------------------------------------
@@ -268,7 +279,7 @@ class CompleteView(RemoteView):
 
 
 class FailView(RemoteView):
-    """POST /jobs/<id>/fail ``{lease_token, error_code, error_message, retryable?}``."""
+    """POST /jobs/<id>/fail ``{lease_token, error_code, error_message, retryable?, traceback?}``."""
 
     @staticmethod
     @remote_endpoint

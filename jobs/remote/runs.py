@@ -355,13 +355,18 @@ def fail(
     error_code: str,
     error_message: str,
     retryable: bool = False,
+    traceback: str | None = "",
     user: Any,
 ) -> Status:
-    """A failed run: queued with backoff while attempts remain (if retryable), else failed."""
+    """A failed run: queued with backoff while attempts remain (if retryable), else failed.
+
+    ``traceback``, the worker's formatted one, is kept (bounded) on the failure's event.
+    """
     _refuse_unstorable(
         "The job was not failed: fix the fields named in 'errors'.",
         error_code=error_code or "",
         error_message=error_message or "",
+        traceback=traceback or "",
     )
     token = _held_token(job_id, lease_token, user)
     attempt = Job.objects.filter(pk=job_id).values_list("attempts", flat=True).first() or 1
@@ -372,4 +377,5 @@ def fail(
         error_message=error_message or "",
         retryable=bool(retryable),
         backoff_seconds=retry_backoff(attempt) if retryable else None,
+        traceback=traceback or "",
     )

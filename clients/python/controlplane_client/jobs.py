@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,34 @@ from controlplane_client.api import JobCancelledError, LeaseLostError
 if TYPE_CHECKING:
     from controlplane_client.manager import JobManager
 
-__all__ = ["ClaimedJob", "Deferred", "RetryableError"]
+__all__ = ["ClaimedJob", "Deferred", "RetryableError", "format_traceback"]
+
+# Characters of a traceback sent with a failure: its head and its tail (where
+# the raising frame and the exception are) around a marker. The server keeps
+# at most 16 KiB of it.
+MAX_TRACEBACK_CHARS = 16 * 1024
+TRACEBACK_HEAD_CHARS = 4 * 1024
+
+
+def format_traceback(error: BaseException) -> str:
+    """``error``'s formatted traceback, bounded and storable; "" if it was never raised.
+
+    NUL characters and lone surrogates are escaped: the server refuses them,
+    and a refused report would leave the job to its lease.
+    """
+    if error.__traceback__ is None:
+        return ""
+    try:
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    except Exception:  # noqa: BLE001 - the failure is reported without it
+        return ""
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > MAX_TRACEBACK_CHARS:
+        omitted = len(text) - MAX_TRACEBACK_CHARS
+        marker = f"\n[… {omitted} characters of traceback omitted …]\n"
+        tail = MAX_TRACEBACK_CHARS - TRACEBACK_HEAD_CHARS
+        text = text[:TRACEBACK_HEAD_CHARS] + marker + text[-tail:]
+    return text
 
 
 @dataclass(frozen=True)

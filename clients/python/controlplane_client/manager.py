@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from controlplane_client.api import ApiError, ApiManager, LeaseLostError, WorkerGoneError
-from controlplane_client.jobs import ClaimedJob
+from controlplane_client.jobs import ClaimedJob, format_traceback
 from controlplane_client.push import PushListener
 from controlplane_client.serving import AutoServe
 
@@ -384,9 +384,14 @@ class JobManager:
         *,
         error_code: str | None = None,
         retryable: bool | None = None,
+        traceback: str | None = None,
     ) -> str | None:
         """Report a failure; ``retryable`` (default: the exception's ``retryable`` attribute)
-        requeues it with backoff while attempts remain. Returns the new status or None (lost)."""
+        requeues it with backoff while attempts remain. Returns the new status or None (lost).
+
+        An exception that was raised sends its formatted traceback too (or pass
+        ``traceback``), which the job's page shows.
+        """
         code = (
             error_code
             or getattr(error, "error_code", None)
@@ -394,9 +399,16 @@ class JobManager:
         )
         if retryable is None:
             retryable = bool(getattr(error, "retryable", False))
-        return self._report(
-            job, "fail", {"error_code": code, "error_message": str(error), "retryable": retryable}
-        )
+        body: dict[str, Any] = {
+            "error_code": code,
+            "error_message": str(error),
+            "retryable": retryable,
+        }
+        if traceback is None and isinstance(error, BaseException):
+            traceback = format_traceback(error)
+        if traceback:
+            body["traceback"] = traceback
+        return self._report(job, "fail", body)
 
     # --- stopping ------------------------------------------------------------------------------
     def wait(self) -> None:

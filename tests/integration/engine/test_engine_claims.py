@@ -284,10 +284,12 @@ def test_per_job_lines_are_debug_and_the_log_level_setting_wins(worker):
     assert f"job.claimed job_id={again.pk}" in out
     assert f"job.succeeded job_id={again.pk}" in out
 
-    warn = enqueue("fail", {"message": "hidden"})
+    warn = enqueue("fail", {"message": "shown"})
     silent = worker(args=("--burst",), env={"CONTROLPLANE_LOG_LEVEL": "WARNING"})
     assert silent.wait(timeout=60) == 0, silent.output()
-    assert "worker.started" not in silent.output() and "job.failed" not in silent.output()
+    out = silent.output()
+    assert "worker.started" not in out
+    assert f"WARNING workers job.failed job_id={warn.pk}" in out  # a failure is a warning
     assert status(warn) == "failed"
 
 
