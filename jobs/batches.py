@@ -23,11 +23,11 @@ from django.utils import timezone
 from jobs import transitions
 from jobs.conf import knob
 from jobs.dialect import dialect
-from jobs.enqueue import notify_queues
 from jobs.exceptions import ControlPlaneError, LeaseLost
 from jobs.models import BatchMessage, BatchReceipt, Job, Queue, QueueKind
 from jobs.operations import validate_against_schema
 from jobs.states import RUNNING
+from jobs.wakeups import notify_queues
 
 if TYPE_CHECKING:
     from jobs.operations import JobContext

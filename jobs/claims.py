@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from jobs.dialect import dialect
 from jobs.states import RUNNING, SUCCEEDED, check_transition
-from jobs.transitions import EVENT_TABLE, JOB_TABLE
+from jobs.tables import EVENT_TABLE, JOB_TABLE
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from jobs.exceptions import EnqueueError
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job
 from jobs.operations import operation_spec
 from jobs.storable import first_unstorable, text_problem
+from jobs.wakeups import NOTIFY_CHANNEL
 
-NOTIFY_CHANNEL = "controlplane_jobs"
 CHUNK = 1000
 
 JOB_COLUMNS = (
@@ -449,13 +449,3 @@ def _rows_document(rows: list[_Row]) -> str:
         for r in rows
     ]
     return "[" + ",".join(parts) + "]"
-
-
-def notify_queues(queues: Sequence[str], *, using: str = "default") -> None:
-    """Wake workers of ``queues`` (PostgreSQL only; a no-op on SQLite, where workers poll)."""
-    if dialect(using).postgres and queues:
-        with connections[using].cursor() as cursor:
-            cursor.execute(
-                f"SELECT pg_notify('{NOTIFY_CHANNEL}', q) FROM unnest(%s::text[]) AS q",
-                [sorted(set(queues))],
-            )

@@ -32,9 +32,8 @@ from jobs.states import (
     check_transition,
     sources_for,
 )
-
-JOB_TABLE = "controlplane_job"
-EVENT_TABLE = "controlplane_jobevent"
+from jobs.tables import EVENT_TABLE, JOB_TABLE
+from jobs.wakeups import notify_queues
 
 
 class Sql(str):
@@ -626,7 +625,6 @@ def _retry_assign() -> dict[str, Any]:
 
 def notify_job_queues(job_ids: Sequence[uuid.UUID], *, using: str = "default") -> None:
     """Wake idle and long-polling workers of the queues of ``job_ids`` (PostgreSQL only)."""
-    from jobs.enqueue import notify_queues
     from jobs.models import Job
 
     if job_ids and dialect(using).postgres:

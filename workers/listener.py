@@ -17,7 +17,7 @@ import psycopg
 from django.db import connections
 
 from jobs.conf import knob
-from jobs.enqueue import NOTIFY_CHANNEL
+from jobs.wakeups import NOTIFY_CHANNEL
 from workers.liveness import hold_liveness_lock
 from workers.resilience import backoff_delay
 

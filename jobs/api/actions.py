@@ -8,11 +8,11 @@ pausing a queue creates its ``Queue`` row on first use.
 
 from __future__ import annotations
 
-from jobs.enqueue import notify_queues
 from jobs.models import Queue
 from jobs.selectors import JobFilters, job_ids_batches
 from jobs.states import ACTIVE, CANCELLED, FAILED
 from jobs.transitions import cancel_jobs, retry_jobs
+from jobs.wakeups import notify_queues
 
 BULK_BATCH_SIZE = 500
 

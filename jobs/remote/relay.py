@@ -4,7 +4,7 @@ Long-polling claims (async views, parked on the event loop) and worker
 WebSockets (Channels consumers) both wait for the same signal, so each web
 process runs a single relay rather than one listener per request or socket:
 
-* on PostgreSQL it subscribes to ``jobs.enqueue.NOTIFY_CHANNEL`` (enqueue
+* on PostgreSQL it subscribes to ``jobs.wakeups.NOTIFY_CHANNEL`` (enqueue
   sends the queue name at commit) on the process's shared LISTEN connection
   (``jobs.remote.listener``, also used by the dashboard relay), and every
   ``POLL_SECONDS`` it also wakes parked claims (jobs whose ``run_after`` came
@@ -199,7 +199,7 @@ class Relay:
                 return
             self._started = True
         if listener.available:
-            from jobs.enqueue import NOTIFY_CHANNEL
+            from jobs.wakeups import NOTIFY_CHANNEL
 
             # After a reconnection, whatever was enqueued meanwhile: wake everyone's queues.
             listener.subscribe(

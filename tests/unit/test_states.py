@@ -1,4 +1,4 @@
-"""The state machine against the documented table (README, "Job states"), pair by pair (no database)."""
+"""The state machine against the documented table (README, "Job states"), pair by pair."""
 
 from __future__ import annotations
 

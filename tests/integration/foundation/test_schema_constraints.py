@@ -140,3 +140,10 @@ def test_concurrent_enqueue_with_one_idempotency_key_makes_one_job():
     assert len(got) == 2 and got[0] == got[1]
     assert Job.objects.filter(idempotency_key=key).count() == 1
     assert JobEvent.objects.filter(job__idempotency_key=key).count() == 1
+
+
+def test_the_hand_written_sql_names_the_models_tables():
+    from jobs.models import Job, JobEvent
+    from jobs.tables import EVENT_TABLE, JOB_TABLE
+
+    assert (JOB_TABLE, EVENT_TABLE) == (Job._meta.db_table, JobEvent._meta.db_table)
