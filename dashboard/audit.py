@@ -28,6 +28,7 @@ RESUME = "resume"
 SET_CAP = "set_cap"
 REQUEUE_ORPHAN = "requeue_orphan"
 PURGE = "purge"  # manage.py jobs purge
+ENQUEUE = "enqueue"  # the operations page's form
 
 LABELS = {
     CANCEL: "Cancelled",
@@ -39,6 +40,7 @@ LABELS = {
     SET_CAP: "Concurrency cap",
     REQUEUE_ORPHAN: "Requeued orphan",
     PURGE: "Purged finished jobs",
+    ENQUEUE: "Enqueued",
 }
 
 
@@ -83,7 +85,7 @@ class ActionRow:
     reason: str
 
 
-JOB_ACTIONS = (CANCEL, RETRY, REQUEUE_ORPHAN)
+JOB_ACTIONS = (CANCEL, RETRY, REQUEUE_ORPHAN, ENQUEUE)
 
 
 def recent_rows(limit: int = 15) -> list[ActionRow]:

@@ -3,7 +3,7 @@
 from django.urls import path
 from django.views.generic import RedirectView
 
-from dashboard.views import actions, jobs, pages
+from dashboard.views import actions, jobs, operations, pages
 
 app_name = "dashboard"
 
@@ -13,6 +13,8 @@ urlpatterns = [
     path("dashboard/", pages.overview, name="overview"),
     path("dashboard/workers/", pages.workers, name="workers"),
     path("dashboard/queues/", pages.queues, name="queues"),
+    path("dashboard/operations/", operations.operations, name="operations"),
+    path("dashboard/operations/enqueue/", operations.enqueue, name="operations-enqueue"),
     path("dashboard/jobs/", jobs.job_list, name="jobs"),
     path("dashboard/jobs/live/", jobs.job_list_live, name="jobs-live"),
     path("dashboard/jobs/count/", jobs.job_list_count, name="jobs-count"),

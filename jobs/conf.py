@@ -45,6 +45,10 @@ DEFAULTS: dict[str, Any] = {
     "MAX_LEASE_REQUEUES": 3,
     "RETENTION_DAYS": 7.0,
     "RETENTION_BATCH_SIZE": 1000,
+    # Remote-declared operations stay enqueueable this long after the last
+    # worker declaring them left (a redeploy): their jobs wait queued for the
+    # next worker. After it, enqueue answers "Unknown operation".
+    "REMOTE_OPERATION_GRACE_SECONDS": 24 * 3600.0,
     # Batch queues.
     "BATCH_VISIBILITY_SECONDS": 60.0,
     "BATCH_MAX_ATTEMPTS": 3,

@@ -287,8 +287,10 @@ class BatchReceipt(models.Model):
 class RemoteOperation(models.Model):
     """An operation that only remote workers provide, declared at their registration.
 
-    Soft-deleted (``deleted``) once no live worker provides it and no job of
-    it is pending; declared again, it comes back.
+    Soft-deleted (``deleted``) once no live worker has provided it for
+    ``REMOTE_OPERATION_GRACE_SECONDS`` and no job of it is pending; declared
+    again, it comes back. ``last_seen_at`` is the last time a worker that
+    declares it was known alive (``jobs.remote.declared``).
     """
 
     name = models.CharField(primary_key=True, max_length=200)
@@ -297,6 +299,7 @@ class RemoteOperation(models.Model):
     max_attempts = models.PositiveIntegerField(default=1)
     deleted = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.name

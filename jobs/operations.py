@@ -613,14 +613,16 @@ class RemoteOperationSpec:
 
 
 def operation_spec(name: str) -> Operation | RemoteOperationSpec:
-    """Resolve ``name`` for enqueue: a local operation, else a live remote declaration."""
+    """Resolve ``name`` for enqueue: a local operation, else a remote declaration that a
+    worker serves or served within ``REMOTE_OPERATION_GRACE_SECONDS`` (``jobs.remote.declared``).
+
+    Raises ``UnknownOperation``, whose message says which of the two it is not.
+    """
     if name in registry:
         return registry.get(name)
-    from jobs.models import RemoteOperation
+    from jobs.remote.declared import declared_operation
 
-    remote = RemoteOperation.objects.filter(name=name, deleted=False).first()
-    if remote is None:
-        raise UnknownOperation(name)
+    remote = declared_operation(name)
     return RemoteOperationSpec(
         name=remote.name,
         queue=remote.queue,

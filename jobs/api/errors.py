@@ -39,7 +39,7 @@ from jobs.web.overload import response_for_unavailable
 logger = logging.getLogger("jobs.api")
 
 # First path segments served by the REST API (with or without a trailing slash).
-API_PREFIXES = ("jobs", "queues", "workers", "schema")
+API_PREFIXES = ("jobs", "queues", "workers", "operations", "schema")
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -122,7 +122,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def is_api_path(path: str) -> bool:
-    """True for paths the REST API owns (``/jobs…``, ``/queues…``, ``/workers…``, ``/schema…``)."""
+    """True for paths the REST API owns (``/jobs…``, ``/queues…``, ``/workers…``, ``/schema…``…)."""
     first = path.lstrip("/").split("/", 1)[0]
     return first in API_PREFIXES
 

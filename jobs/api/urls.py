@@ -7,7 +7,7 @@ come first, and ``/jobs/cancel`` and ``/jobs/retry`` (bulk) come before
 
 from django.urls import include, path
 
-from jobs.api import queue_views, schema, views, worker_views
+from jobs.api import operation_views, queue_views, schema, views, worker_views
 
 
 def both(route: str, view, name: str) -> list:
@@ -30,6 +30,7 @@ urlpatterns = [
     *both("queues/<str:name>", queue_views.QueueDetailView.as_view(), "queue-detail"),
     *both("queues/<str:name>/pause", queue_views.QueuePauseView.as_view(), "queue-pause"),
     *both("queues/<str:name>/resume", queue_views.QueueResumeView.as_view(), "queue-resume"),
+    *both("operations", operation_views.OperationListView.as_view(), "operation-list"),
     *both("workers", worker_views.WorkerListView.as_view(), "worker-list"),
     *both("workers/<str:worker_id>", worker_views.WorkerDetailView.as_view(), "worker-detail"),
     *both("schema", schema.SchemaView.as_view(), "schema"),

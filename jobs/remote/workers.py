@@ -3,9 +3,10 @@
 A remote worker is a ``Worker`` row of kind ``remote`` owned by the user whose
 token registered it. It serves only the queues and operations it named.
 Operations only remote workers provide are declared at registration and kept
-as ``RemoteOperation`` rows, which enqueue validates against; once no worker
-provides one and no job of it is pending, it is hidden (soft-deleted) until
-some worker declares it again.
+as ``RemoteOperation`` rows, which enqueue validates against. Once no worker
+has provided one for ``REMOTE_OPERATION_GRACE_SECONDS`` (``jobs.remote.declared``)
+and no job of it is pending, it is hidden (soft-deleted) until some worker
+declares it again.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -24,6 +24,7 @@ from jobs.enqueue import notify_queues
 from jobs.exceptions import IllegalTransition, LeaseLost
 from jobs.models import Job, RemoteOperation, Worker, WorkerKind
 from jobs.operations import registry, schema_problem
+from jobs.remote.declared import alive_since, in_grace, mark_seen, newest_heartbeats, seen_at
 from jobs.remote.errors import LeaseNotYours, RemoteRequestError, WorkerNotFound
 from jobs.states import ACTIVE, CANCELLED, RUNNING
 from jobs.storable import text_problem
@@ -244,6 +245,7 @@ def register_worker(
                 RemoteOperation.objects.filter(name=d.name, deleted=True).update(
                     deleted=False, updated_at=now
                 )
+        mark_seen([n for n in names if n not in registry], now)
         served = list(dict.fromkeys(queues or [_queue_of(d) for d in declarations]))
         return Worker.objects.create(
             name=(name or "")[:200],
@@ -357,6 +359,8 @@ def disconnect_worker(*, worker_id: uuid.UUID | str, user: Any) -> list[uuid.UUI
         requeued.append(job_id)
     if requeued:
         queues = set(Job.objects.filter(pk__in=requeued).values_list("queue", flat=True))
+    # Its operations' grace (REMOTE_OPERATION_GRACE_SECONDS) counts from this goodbye.
+    mark_seen(worker.operations or [], timezone.now())
     Worker.objects.filter(pk=worker.pk).delete()
     soft_delete_orphan_operations()
     notify_queues(sorted(queues))
@@ -364,11 +368,15 @@ def disconnect_worker(*, worker_id: uuid.UUID | str, user: Any) -> list[uuid.UUI
 
 
 def soft_delete_orphan_operations() -> int:
-    """Hide remote operations no live worker provides and no pending job needs.
+    """Hide remote operations no live worker has provided for the grace and no pending job needs.
 
-    Live means a heartbeat within ``WORKER_TIMEOUT_SECONDS``: a worker that
-    stopped beating but was not swept yet provides nothing, so its
-    operations are hidden at once (they come back when it registers again).
+    First ``last_seen_at`` of every visible operation moves up to the newest
+    heartbeat of any worker row naming it. Then an operation is hidden when
+    no live worker provides it (a heartbeat within ``WORKER_TIMEOUT_SECONDS``:
+    a worker that stopped beating but was not swept yet provides nothing),
+    its ``last_seen_at`` is older than ``REMOTE_OPERATION_GRACE_SECONDS``
+    (until then it stays enqueueable: a redeploy's gap), and no job of it is
+    queued or running. It comes back when a worker declares it again.
 
     Safe to call any time and from several processes at once: the candidate
     rows are locked, so a registration that declares one of them either
@@ -376,24 +384,31 @@ def soft_delete_orphan_operations() -> int:
     number of operations hidden.
     """
     with transaction.atomic():
-        candidates = set(
-            RemoteOperation.objects.select_for_update()
-            .filter(deleted=False)
-            .values_list("name", flat=True)
-        )
+        rows = list(RemoteOperation.objects.select_for_update().filter(deleted=False))
+        if not rows:
+            return 0
+        now = timezone.now()
+        newest = newest_heartbeats()
+        seen = []
+        for row in rows:
+            beat = newest.get(row.name)
+            if beat is not None and (row.last_seen_at is None or beat > row.last_seen_at):
+                row.last_seen_at = beat
+                seen.append(row)
+        if seen:
+            RemoteOperation.objects.bulk_update(seen, ["last_seen_at"])
+        since = alive_since(now)
+        provided = {name for name, beat in newest.items() if beat >= since}
+        recent = {row.name for row in rows if in_grace(seen_at(row), now)}
+        candidates = {row.name for row in rows} - provided - recent
         if not candidates:
             return 0
-        provided: set[str] = set()
-        alive_since = timezone.now() - timedelta(seconds=float(knob("WORKER_TIMEOUT_SECONDS")))
-        live = Worker.objects.filter(kind=WorkerKind.REMOTE, last_heartbeat__gte=alive_since)
-        for ops in live.values_list("operations", flat=True):
-            provided.update(ops or [])
         pending = set(
             Job.objects.filter(status__in=list(ACTIVE), operation__in=candidates)
             .values_list("operation", flat=True)
             .distinct()
         )
-        orphans = candidates - provided - pending
+        orphans = candidates - pending
         if not orphans:
             return 0
         return RemoteOperation.objects.filter(name__in=orphans, deleted=False).update(

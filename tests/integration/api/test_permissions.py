@@ -37,6 +37,7 @@ ROUTES = [
     ("GET", "/queues/default", None, VIEW),
     ("POST", "/queues/default/pause", None, CHANGE),
     ("POST", "/queues/default/resume", None, CHANGE),
+    ("GET", "/operations", None, VIEW),
     ("GET", "/workers", None, VIEW),
     ("GET", "/workers/{worker}", None, VIEW),
     ("GET", "/schema", None, ANY),

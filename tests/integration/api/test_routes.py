@@ -48,6 +48,7 @@ ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
     ("queue-detail", "GET"): (lambda api: ("/queues/default", None), 200),
     ("queue-pause", "POST"): (lambda api: ("/queues/default/pause", None), 200),
     ("queue-resume", "POST"): (lambda api: ("/queues/default/resume", None), 200),
+    ("operation-list", "GET"): (lambda api: ("/operations", None), 200),
     ("worker-list", "GET"): (lambda api: ("/workers", None), 200),
     ("worker-list", "POST"): (lambda api: ("/workers", {"operations": ["ping"]}), 201),
     ("worker-detail", "GET"): (lambda api: (f"/workers/{register_worker(api)}", None), 200),

@@ -27,6 +27,7 @@ CONTRACT_ROUTES = {
     ("get", "/queues"),
     ("post", "/queues/{name}/pause"),
     ("post", "/queues/{name}/resume"),
+    ("get", "/operations"),
     ("get", "/workers"),
     ("get", "/workers/{worker_id}"),
     # The remote-worker protocol.

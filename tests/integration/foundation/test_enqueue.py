@@ -148,7 +148,9 @@ def _refused(field: str, *args, **kwargs) -> EnqueueError:
 
 def test_unknown_operation():
     error = _refused("operation", "no.such.operation", {})
-    assert error.errors["operation"] == ["Unknown operation 'no.such.operation'."]
+    [message] = error.errors["operation"]
+    assert message.startswith("Unknown operation 'no.such.operation': no local operation")
+    assert "no remote worker has declared it in the last 24 hours" in message
     with pytest.raises(UnknownOperation, match="register it or check the spelling"):
         registry.get("no.such.operation")
 

@@ -318,8 +318,11 @@ def test_registration_refuses_unknown_or_invalid_operations(api, server):
     assert not Worker.objects.exists() and not RemoteOperation.objects.exists()
 
 
-def test_orphan_operation_is_hidden_then_back_when_declared_again(api, server):
+def test_orphan_operation_is_hidden_then_back_when_declared_again(api, server, settings):
     from jobs.remote import soft_delete_orphan_operations
+
+    # No grace after the last worker left (test_operation_grace.py covers the grace).
+    settings.CONTROLPLANE = {**settings.CONTROLPLANE, "REMOTE_OPERATION_GRACE_SECONDS": 0}
 
     worker = register(api)
     pending = enqueue("remote.echo", {"text": "x"})
@@ -338,7 +341,7 @@ def test_orphan_operation_is_hidden_then_back_when_declared_again(api, server):
     assert enqueue("remote.echo", {"text": "back"}).queue == "remote"
 
 
-def test_only_live_workers_keep_an_operation_visible(api, server):
+def test_only_live_workers_keep_an_operation_visible(api, server, settings):
     """A registered but silent worker (heartbeat past the timeout, not swept yet) provides
     nothing: its operations are hidden; a fresh heartbeat is what counts."""
     from datetime import timedelta
@@ -348,6 +351,7 @@ def test_only_live_workers_keep_an_operation_visible(api, server):
     from jobs.conf import knob
     from jobs.remote import soft_delete_orphan_operations
 
+    settings.CONTROLPLANE = {**settings.CONTROLPLANE, "REMOTE_OPERATION_GRACE_SECONDS": 0}
     worker = register(api)
     assert soft_delete_orphan_operations() == 0  # alive: kept
     timeout = float(knob("WORKER_TIMEOUT_SECONDS"))
