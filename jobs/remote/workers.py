@@ -20,7 +20,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.conf import knob
-from jobs.enqueue import notify_queues
 from jobs.exceptions import IllegalTransition, LeaseLost
 from jobs.models import Job, RemoteOperation, Worker, WorkerKind
 from jobs.operations import registry, schema_problem
@@ -29,6 +28,7 @@ from jobs.remote.errors import LeaseNotYours, RemoteRequestError, WorkerNotFound
 from jobs.states import ACTIVE, CANCELLED, RUNNING
 from jobs.storable import text_problem
 from jobs.transitions import requeue_job
+from jobs.wakeups import notify_queues
 
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_CONCURRENCY = 1000

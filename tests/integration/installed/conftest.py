@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 import pytest
 
-from tests.integration.packaging.host_project import (
+from tests.integration.installed.host_project import (
     HostProject,
     Venv,
     build_wheel,

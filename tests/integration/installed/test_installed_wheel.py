@@ -27,7 +27,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tests.integration.packaging.host_project import (
+from tests.integration.installed.host_project import (
     HOST_REST_FRAMEWORK,
     ROOT,
     HostProject,
