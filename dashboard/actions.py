@@ -16,19 +16,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from dashboard import audit
 from dashboard.db import Count, bounded_reads, cap, capped_count
 from dashboard.filters import JobFilters
 from dashboard.permissions import actor_name
 from dashboard.selectors import live_worker_ids
-from jobs.enqueue import notify_queues
-from jobs.exceptions import ControlPlaneError
+from jobs.exceptions import ControlPlaneError, JobNotFound
 from jobs.models import Job, Queue
+from jobs.rescheduling import NotWaiting, run_job_now
 from jobs.selectors import JobCursor, after_cursor
-from jobs.states import CANCELLED, FAILED, QUEUED, RUNNING
+from jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL
 from jobs.transitions import cancel_job, cancel_jobs, requeue_job, retry_job, retry_jobs
+from jobs.wakeups import notify_queues
 
 ACTIONS: dict[str, tuple[str, ...]] = {
     "cancel": (QUEUED.value, RUNNING.value),
@@ -96,6 +97,120 @@ def requeue_orphan(job_id: uuid.UUID, *, user: Any) -> bool:
     if not changed:
         audit.record_action(user, audit.REQUEUE_ORPHAN, target=str(job_id), count=0)
     return changed
+
+
+def run_now_one(job_id: uuid.UUID, *, user: Any, reason: str = "") -> bool:
+    """Make a job waiting for a later time (scheduled, or a retry's backoff) claimable now.
+
+    False if it was not waiting (already due, claimed or ended); the audit row
+    is written either way, as for a refused retry. ``JobNotFound`` propagates.
+    """
+    reason = normalise_reason(reason)
+    with transaction.atomic():
+        try:
+            with transaction.atomic():  # a refusal must not undo the audit row
+                run_job_now(job_id, by=actor_name(user), reason=reason or None)
+            changed = True
+        except NotWaiting:
+            changed = False
+        audit.record_action(
+            user, audit.RUN_NOW, target=str(job_id), count=int(changed), reason=reason
+        )
+    return changed
+
+
+# Most descendants one discard deletes with its job; a bigger tree is left
+# to the reaper's retention, which deletes in batches.
+DISCARD_MAX_DESCENDANTS = 1000
+
+
+@dataclass(frozen=True)
+class Discard:
+    """What a discard did: ``deleted`` jobs (the job and its descendants), or why none."""
+
+    deleted: int = 0
+    refused: str = ""
+
+
+def _descendant_ids(job_id: uuid.UUID, limit: int) -> list[Any]:
+    """Ids of every job below ``job_id`` (children, grandchildren…), at most ``limit``."""
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH RECURSIVE tree(id) AS (SELECT id FROM {table} WHERE parent_id = %s "
+            f"UNION SELECT j.id FROM {table} j JOIN tree t ON j.parent_id = t.id) "
+            "SELECT id FROM tree LIMIT %s",
+            [Job._meta.pk.get_db_prep_value(job_id, connection), limit],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def discard_one(job_id: uuid.UUID, *, user: Any, reason: str = "") -> Discard:
+    """Delete a finished job with its timeline, batch rows and finished descendants.
+
+    Refused (nothing deleted) while the job is queued or running, or while
+    any job below it is: deleting a parent deletes its children, as the
+    reaper's retention would once they had all finished. The job and every
+    descendant are locked (PostgreSQL; SQLite's IMMEDIATE transaction holds
+    the write lock) before their statuses are checked, and the tree is read
+    again under the locks, so a retry or a new child landing meanwhile is
+    seen rather than deleted. The audit row, written either way, names the
+    job's operation and status in its ``filter``, as the job itself is gone.
+    ``JobNotFound`` propagates.
+    """
+    reason = normalise_reason(reason)
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update()
+            .filter(pk=job_id)
+            .values("status", "operation", "queue")
+            .first()
+        )
+        if job is None:
+            raise JobNotFound(job_id)
+        refused, below = _discard_check(job_id, job["status"])
+        deleted = 0
+        if not refused:
+            _, per_model = Job.objects.filter(pk__in=[job_id, *below]).delete()
+            deleted = per_model.get(Job._meta.label, 0)
+        described = {**job, "descendants": len(below)}
+        if refused:
+            described["refused"] = refused
+        audit.record_action(
+            user, audit.DISCARD, target=str(job_id), count=deleted, filters=described, reason=reason
+        )
+    return Discard(deleted=deleted, refused=refused)
+
+
+def _discard_check(job_id: uuid.UUID, status: str) -> tuple[str, list[Any]]:
+    """Why the job may not be discarded (and no ids), or "" and its locked descendants."""
+    terminal = {s.value for s in TERMINAL}
+    if status not in terminal:
+        return (
+            f"Only a finished job can be discarded; this one is {status}. "
+            "Cancel it first, or wait for it to finish."
+        ), []
+    found = _descendant_ids(job_id, DISCARD_MAX_DESCENDANTS + 1)
+    if len(found) > DISCARD_MAX_DESCENDANTS:
+        return (
+            f"This job has more than {DISCARD_MAX_DESCENDANTS:,} descendants; "
+            "the reaper's retention deletes a tree that big in batches."
+        ), []
+    statuses = Job.objects.select_for_update().filter(pk__in=found).values_list("status", flat=True)
+    unfinished = sum(1 for s in statuses if s not in terminal)
+    if unfinished:
+        return (
+            f"{_plural(unfinished, 'job')} below this one "
+            f"{'is' if unfinished == 1 else 'are'} not finished; cancel them or wait for them "
+            "first (discarding a parent deletes its children)."
+        ), []
+    if set(_descendant_ids(job_id, DISCARD_MAX_DESCENDANTS + 1)) != set(found):
+        return "A child job was added meanwhile; nothing was deleted. Try again.", []
+    return "", found
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 # --- bulk ----------------------------------------------------------------------

@@ -28,6 +28,8 @@ RESUME = "resume"
 SET_CAP = "set_cap"
 REQUEUE_ORPHAN = "requeue_orphan"
 PURGE = "purge"  # manage.py jobs purge
+RUN_NOW = "run_now"
+DISCARD = "discard"  # target: the deleted job's id; filter: what it was
 ENQUEUE = "enqueue"  # the operations page's form
 
 LABELS = {
@@ -40,6 +42,8 @@ LABELS = {
     SET_CAP: "Concurrency cap",
     REQUEUE_ORPHAN: "Requeued orphan",
     PURGE: "Purged finished jobs",
+    RUN_NOW: "Run now",
+    DISCARD: "Discarded",
     ENQUEUE: "Enqueued",
 }
 
@@ -85,7 +89,7 @@ class ActionRow:
     reason: str
 
 
-JOB_ACTIONS = (CANCEL, RETRY, REQUEUE_ORPHAN, ENQUEUE)
+JOB_ACTIONS = (CANCEL, RETRY, REQUEUE_ORPHAN, RUN_NOW, ENQUEUE)
 
 
 def recent_rows(limit: int = 15) -> list[ActionRow]:
@@ -111,6 +115,8 @@ def _detail(entry: OperatorAction) -> str:
     if entry.action == SET_CAP:
         cap = described.get("concurrency_cap")
         return "no cap" if cap is None else f"cap {cap}"
+    if entry.action == DISCARD:
+        return " ".join(str(described.get(k, "")) for k in ("operation", "status")).strip()
     if entry.action not in (BULK_CANCEL, BULK_RETRY):
         return ""
     if described.get("scope") == "selected":

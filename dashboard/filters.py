@@ -9,7 +9,7 @@ tell a list page about new jobs without a query per open page.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -20,6 +20,7 @@ from django.db.models.fields.json import KeyTransform
 from django.http import QueryDict
 from django.utils import timezone
 
+from dashboard import waiting
 from dashboard.inputs import InvalidJSON, parse_json_object, printable, text_problem
 from jobs.selectors import parse_timestamp, text_query
 from jobs.states import Status
@@ -31,9 +32,10 @@ RANGES: dict[str, timedelta] = {
     "24h": timedelta(hours=24),
     "7d": timedelta(days=7),
 }
-FIELDS = ("status", "queue", "operation", "parent", "range", "from", "to", "q", "payload")
+FIELDS = ("status", "when", "queue", "operation", "parent", "range", "from", "to", "q", "payload")
 LABELS = {
     "status": "status",
+    "when": "waiting",
     "queue": "queue",
     "operation": "operation",
     "parent": "parent job",
@@ -63,6 +65,8 @@ def json_contains(doc: Any, pattern: Any) -> bool:
 @dataclass(frozen=True)
 class JobFilters:
     status: tuple[str, ...] = ()
+    # "scheduled" or "retrying": queued jobs waiting for later (dashboard.waiting).
+    when: str = ""
     queue: str = ""
     operation: str = ""
     parent: str = ""
@@ -134,12 +138,17 @@ class JobFilters:
                 errors["payload"] = str(error)
         elif "payload" in errors:
             payload_text = raw["payload"].strip()
+        when = text("when")
+        if when and when not in waiting.KINDS:
+            errors["when"] = f"Choose {' or '.join(waiting.KINDS)} for the waiting jobs."
+            when = ""
         range_ = text("range")
         if range_ and range_ not in RANGES:
             errors["range"] = f"Choose a range from the list: {', '.join(RANGES)}."
             range_ = ""
         return cls(
             status=tuple(dict.fromkeys(statuses)),
+            when=when,
             queue=text("queue"),
             operation=text("operation"),
             parent=parent,
@@ -157,6 +166,7 @@ class JobFilters:
     def params(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = [("status", s) for s in self.status]
         for key, value in (
+            ("when", self.when),
             ("queue", self.queue),
             ("operation", self.operation),
             ("parent", self.parent),
@@ -177,6 +187,19 @@ class JobFilters:
     def active(self) -> bool:
         return bool(self.params())
 
+    @property
+    def when_tabs(self) -> list[tuple[str, str, bool]]:
+        """The list's view links ``(label, querystring, current)``: all jobs, scheduled, retrying.
+
+        Each keeps the other filters; a waiting view drops ``status``, which it
+        sets itself (queued).
+        """
+        tabs = [("All", replace(self, when="").querystring(), not self.when)]
+        for kind in waiting.KINDS:
+            query = replace(self, when=kind, status=()).querystring()
+            tabs.append((kind.capitalize(), query, self.when == kind))
+        return tabs
+
     def since(self, now: datetime | None = None) -> datetime | None:
         """The lower time bound: the later of the range preset and ``from``."""
         bounds = [b for b in (self.time_from,) if b]
@@ -188,6 +211,8 @@ class JobFilters:
     def apply(self, qs: QuerySet, *, now: datetime | None = None) -> QuerySet:
         if self.status:
             qs = qs.filter(status__in=self.status)
+        if self.when:
+            qs = qs.filter(waiting.condition(self.when, now))
         if self.queue:
             qs = qs.filter(queue=self.queue)
         if self.operation:
@@ -226,6 +251,8 @@ class JobFilters:
         ``parent_id``, ``created_at``, ``payload``, ``error_*``) passes these filters."""
         if self.status and job["status"] not in self.status:
             return False
+        if self.when and not self._matches_when(job, now):
+            return False
         if self.queue and job["queue"] != self.queue:
             return False
         if self.operation and job["operation"] != self.operation:
@@ -247,3 +274,17 @@ class JobFilters:
         if self.payload is not None and not json_contains(job.get("payload"), self.payload):
             return False
         return True
+
+    def _matches_when(self, job: dict[str, Any], now: datetime | None) -> bool:
+        """A summary of a new job: it has not run yet, so it can only be scheduled.
+
+        Without ``run_after`` in the summary a queued job is taken to match:
+        the "new jobs" notice may then over-count, and the reload it offers
+        shows the true rows.
+        """
+        if job["status"] != "queued" or self.when != waiting.SCHEDULED:
+            return False
+        run_after = job.get("run_after")
+        if isinstance(run_after, str):
+            run_after = parse_timestamp(run_after)
+        return run_after is None or run_after > (now or timezone.now())

@@ -22,8 +22,9 @@ from dashboard import audit, selectors
 from dashboard import detail as detail_reads
 from dashboard.conf import setting
 from dashboard.permissions import OPERATOR
+from dashboard.waiting import waiting_of
 from jobs.models import Job, JobEvent
-from jobs.states import CANCELLED, FAILED, QUEUED, RUNNING
+from jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL
 
 JOB_TEMPLATE = "dashboard/job_detail.html"
 LIST_TEMPLATE = "dashboard/jobs.html"
@@ -162,13 +163,17 @@ def new_jobs_banner(count: int, query: str, *, many: bool = False) -> str:
 def job_context(detail: detail_reads.JobDetail, role: str | None) -> dict[str, Any]:
     job = detail.job
     can_act = role == OPERATOR
+    waiting = waiting_of(job)
     return {
         **role_context(role),
         "detail": detail,
         "job": job,
         "progress": detail.progress,
+        "waiting": waiting,
         "can_cancel": can_act and job.status in (QUEUED, RUNNING),
         "can_retry": can_act and job.status in (FAILED, CANCELLED),
+        "can_run_now": can_act and waiting is not None and not waiting.due,
+        "can_discard": can_act and job.status in TERMINAL,
     }
 
 

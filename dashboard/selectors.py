@@ -24,9 +24,11 @@ from django.utils import timezone
 from dashboard.conf import setting
 from dashboard.db import Count, cap, capped_count, table_estimate
 from dashboard.filters import JobFilters
+from dashboard.waiting import has_run, waiting_of
 from jobs.conf import knob
+from jobs.dialect import dialect
 from jobs.failures import FINGERPRINT_MESSAGE_CHARS, fingerprint
-from jobs.models import RECLAIM_EVENTS, Job, JobEvent, Queue, Worker
+from jobs.models import RECLAIM_EVENTS, BatchMessage, Job, JobEvent, Queue, QueueKind, Worker
 from jobs.selectors import JobCursor, after_cursor, estimated_count
 from jobs.states import FAILED, QUEUED, RUNNING, SUCCEEDED, Status
 
@@ -74,7 +76,7 @@ def job_page(
 ) -> JobPage:
     """One page of the newest-first list, keyset-paginated both ways on (created_at, id)."""
     limit = int(limit or setting("PAGE_SIZE"))
-    qs = filters.apply(Job.objects.only(*LIST_FIELDS))
+    qs = filters.apply(_list_rows())
     if before:
         cursor = JobCursor.decode(before)
         rows = list(before_cursor(qs, cursor).order_by("created_at", "id")[: limit + 1])
@@ -93,7 +95,7 @@ def job_page(
         return JobCursor(job.created_at, job.id).encode()
 
     return JobPage(
-        jobs=rows,
+        jobs=_with_waiting(rows),
         next_cursor=token(rows[-1]) if rows and older_exists else None,
         prev_cursor=token(rows[0]) if rows and newer_exists else None,
     )
@@ -120,7 +122,20 @@ def job_count(filters: JobFilters) -> Count | None:
 def job_rows(ids: Iterable[uuid.UUID | str]) -> list[Job]:
     """The list columns of some jobs (for re-rendering rows that changed)."""
     ids = list(ids)
-    return list(Job.objects.only(*LIST_FIELDS).filter(pk__in=ids)) if ids else []
+    return _with_waiting(list(_list_rows().filter(pk__in=ids))) if ids else []
+
+
+def _list_rows():
+    """The list's columns, and whether each job ran before (for its badge)."""
+    return Job.objects.only(*LIST_FIELDS).annotate(has_run=has_run())
+
+
+def _with_waiting(jobs: list[Job]) -> list[Job]:
+    """Set ``job.waiting`` (``dashboard.waiting``): why a queued row waits, for its badge."""
+    now = timezone.now()
+    for job in jobs:
+        job.waiting = waiting_of(job, now)
+    return jobs
 
 
 # --- queues ------------------------------------------------------------------
@@ -168,6 +183,51 @@ def queue_state_counts(names: Sequence[str]) -> dict[str, dict[str, Count]]:
     return out
 
 
+def batch_message_counts(
+    names: Sequence[str], now: datetime | None = None
+) -> dict[str, dict[str, Count]]:
+    """Messages of each batch queue by state, each capped at ``COUNT_CAP``, in one statement.
+
+    A batch queue has no Job rows; its work is ``BatchMessage`` rows with a
+    visibility timeout (``jobs.batches``). *In flight*: invisible, held by a
+    consumer (or waiting out the backoff of a failed attempt). *Waiting*:
+    visible, with deliveries left. *Dead*: visible with every delivery spent
+    (each consumer died mid-batch); the next claim fails its parent instead
+    of handing it out. Two ranges of the ``(queue, visible_after)`` index per
+    queue, each read at most ``COUNT_CAP + 1`` entries deep; past the cap the
+    visible rows read first (the oldest) decide the split, and both counts
+    say they are capped.
+    """
+    if not names:
+        return {}
+    d = dialect()
+    table = BatchMessage._meta.db_table
+    limit = cap()
+    at = d.ts(now or timezone.now())
+    parts, params = [], []
+    for name in names:
+        parts.append(
+            f"SELECT %s, (SELECT COUNT(*) FROM (SELECT 1 FROM {table}"
+            " WHERE queue = %s AND visible_after > %s LIMIT %s) AS h), v.n, v.dead"
+            " FROM (SELECT COUNT(*) AS n,"
+            " COALESCE(SUM(CASE WHEN attempts >= max_attempts THEN 1 ELSE 0 END), 0) AS dead"
+            f" FROM (SELECT attempts, max_attempts FROM {table}"
+            " WHERE queue = %s AND visible_after <= %s ORDER BY visible_after LIMIT %s) AS m) AS v"
+        )
+        params += [name, name, at, limit + 1, name, at, limit + 1]
+    out: dict[str, dict[str, Count]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        for name, hidden, visible, dead in cursor.fetchall():
+            capped = visible > limit
+            out[name] = {
+                "waiting": Count(min(visible - dead, limit), capped=capped),
+                "in_flight": Count(min(hidden, limit), capped=hidden > limit),
+                "dead": Count(int(dead), capped=capped),
+            }
+    return out
+
+
 def oldest_ready(now: datetime | None = None) -> dict[str, datetime]:
     """Per queue, since when its longest-waiting claimable job has been ready.
 
@@ -192,19 +252,26 @@ class QueueRow:
     concurrency_cap: int | None
     counts: dict[str, Count]
     oldest_ready: datetime | None
+    # A batch queue's messages by state (``batch_message_counts``); None for a job queue.
+    messages: dict[str, Count] | None = None
 
     @property
     def active(self) -> bool:
+        if self.messages is not None:
+            return any(c.value for c in self.messages.values())
         return bool(
             self.counts.get(QUEUED, Count(0)).value or self.counts.get(RUNNING, Count(0)).value
         )
 
 
 def queue_rows() -> list[QueueRow]:
-    """Every queue with its settings, capped counts by state and oldest ready job."""
+    """Every queue with its settings, capped counts by state and oldest ready job;
+    a batch queue also with its messages by state."""
     names = queue_names()
     settings = {q.name: q for q in Queue.objects.filter(name__in=names)}
+    kinds = {n: settings[n].kind if n in settings else Queue.default_kind(n) for n in names}
     counts = queue_state_counts(names)
+    messages = batch_message_counts([n for n in names if kinds[n] == QueueKind.BATCH])
     oldest = oldest_ready()
     rows = []
     for name in names:
@@ -212,11 +279,12 @@ def queue_rows() -> list[QueueRow]:
         rows.append(
             QueueRow(
                 name=name,
-                kind=q.kind if q else Queue.default_kind(name),
+                kind=kinds[name],
                 paused=bool(q and q.paused),
                 concurrency_cap=q.concurrency_cap if q else None,
                 counts=counts.get(name, {}),
                 oldest_ready=oldest.get(name),
+                messages=messages.get(name),
             )
         )
     return rows

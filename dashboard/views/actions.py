@@ -60,6 +60,42 @@ def retry(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     return _back(request, reverse("dashboard:job", args=[job_id]))
 
 
+@action
+def run_now(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    try:
+        changed = actions.run_now_one(
+            job_id, user=request.user, reason=request.POST.get("reason", "")
+        )
+    except JobNotFound:
+        raise Http404("No such job.") from None
+    if changed:
+        messages.success(request, "The job may run now: its queue's workers were told.")
+    else:
+        messages.info(
+            request, "The job was not waiting for a later time any more; nothing changed."
+        )
+    return _back(request, reverse("dashboard:job", args=[job_id]))
+
+
+@action
+def discard(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    """Delete a finished job; on success go to the list, since its page is gone."""
+    try:
+        outcome = actions.discard_one(
+            job_id, user=request.user, reason=request.POST.get("reason", "")
+        )
+    except JobNotFound:
+        raise Http404("No such job.") from None
+    if outcome.refused:
+        messages.error(request, outcome.refused)
+        return HttpResponseRedirect(reverse("dashboard:job", args=[job_id]))
+    children = outcome.deleted - 1
+    text = f"Job {str(job_id)[:8]} discarded"
+    text += f" with {_plural(children, 'descendant')}." if children else "."
+    messages.success(request, text)
+    return HttpResponseRedirect(reverse("dashboard:jobs"))
+
+
 # --- bulk ------------------------------------------------------------------------
 
 
