@@ -36,6 +36,13 @@ class Queue(models.Model):
     concurrency_cap = models.PositiveIntegerField(
         null=True, blank=True, help_text="Most jobs running at once across all workers."
     )
+    rate_limit_per_second = models.FloatField(
+        null=True, blank=True, help_text="Most jobs started per second across all workers."
+    )
+    # The rate limit's token bucket, refilled at rate_limit_per_second and spent
+    # by claims under the queue row's lock (jobs.claims).
+    rate_tokens = models.FloatField(default=0)
+    rate_refilled_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -125,6 +132,17 @@ class Job(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Per job (enqueue) or from its operation; NULL: only the reaper's global timeout.
+    timeout_seconds = models.FloatField(null=True, blank=True)
+    # The schedule that fired this job (job_schedule_idx).
+    schedule = models.ForeignKey(
+        "Schedule",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="jobs",
+        db_index=False,
+    )
     # NULL, not "": the partial unique index only covers keyed jobs.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     # Timeline bookkeeping: the next event's seq is last_event_seq + 1, taken
@@ -154,6 +172,10 @@ class Job(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(max_attempts__gte=1), name="job_max_attempts_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(timeout_seconds__isnull=True) | Q(timeout_seconds__gt=0),
+                name="job_timeout_positive",
             ),
             models.UniqueConstraint(
                 fields=["idempotency_key"],
@@ -192,6 +214,12 @@ class Job(models.Model):
             # A worker's current jobs; every query by worker also says running.
             models.Index(fields=["worker"], name="job_worker_idx", condition=Q(status="running")),
             models.Index(fields=["queue", "status"], name="job_queue_status_idx"),
+            # The jobs a schedule fired, newest first (``?schedule=``, its history).
+            models.Index(
+                fields=["schedule", "-created_at"],
+                name="job_schedule_idx",
+                condition=Q(schedule__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -331,3 +359,91 @@ class OperatorAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or '-'} {self.action} {self.target}"
+
+
+class CatchUp(TextChoices):
+    NONE = "none", "Skip missed fire times"
+    ONE = "one", "Run once for all missed fire times"
+    ALL = "all", "Run each missed fire time (bounded)"
+
+
+class Overlap(TextChoices):
+    ALLOW = "allow", "Fire even while the previous run is active"
+    SKIP = "skip", "Skip a fire while the previous run is queued or running"
+
+
+class Schedule(models.Model):
+    """Periodic work: an operation and payload enqueued at each fire time.
+
+    Fired by the reaper (``jobs.schedules``). ``next_fire_at`` is the next slot
+    to fire; each fired slot is a ``ScheduleFire`` row, unique per
+    (schedule, fire_at), so any number of reapers fire a slot exactly once.
+    Schedules declared in code (``source = code``) are kept in step with the
+    code by ``name`` at start-up.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, unique=True)
+    operation = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    priority = models.SmallIntegerField(default=0)
+    # Exactly one of cron (5 fields, or 6 with seconds first) and every_seconds.
+    cron = models.CharField(max_length=200, blank=True, default="")
+    every_seconds = models.FloatField(null=True, blank=True)
+    catch_up = models.CharField(max_length=8, choices=CatchUp.choices, default=CatchUp.ONE)
+    overlap = models.CharField(max_length=8, choices=Overlap.choices, default=Overlap.ALLOW)
+    paused = models.BooleanField(default=False)
+    source = models.CharField(max_length=8, default="api")  # "api" or "code"
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_fire_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+    # An IANA name; cron fields are read in it (last: it shadows django.utils.timezone).
+    timezone = models.CharField(max_length=64, default="UTC")
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(~Q(cron="") & Q(every_seconds__isnull=True))
+                | (Q(cron="") & Q(every_seconds__gt=0)),
+                name="schedule_cron_xor_every",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=PRIORITY_MIN) & Q(priority__lte=PRIORITY_MAX),
+                name="schedule_priority_range",
+            ),
+        ]
+        indexes = [
+            # The reaper's due scan: live schedules by their next slot.
+            models.Index(
+                fields=["next_fire_at"], name="schedule_due_idx", condition=Q(paused=False)
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScheduleFire(models.Model):
+    """One fired slot of a schedule: the claim that makes a slot fire once."""
+
+    id = models.BigAutoField(primary_key=True)
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="fires")
+    fire_at = models.DateTimeField()
+    fired_at = models.DateTimeField(default=timezone.now)
+    # enqueued, skipped_overlap, run_now …
+    outcome = models.CharField(max_length=32, default="enqueued")
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+
+    class Meta:
+        ordering = ["-fire_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "fire_at"], name="schedulefire_slot_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} @ {self.fire_at:%Y-%m-%d %H:%M:%S} {self.outcome}"
