@@ -84,7 +84,7 @@ INSERT INTO controlplane_job (
     id, operation, queue, payload, status, priority, run_after, expires_at, attempts,
     max_attempts, lease_requeues, parent_id, progress_current, progress_total, leased_until,
     lease_token, worker_id, result, error_code, error_message, created_at, started_at,
-    finished_at, idempotency_key, last_event_seq, last_event_at
+    finished_at, unique_key, last_event_seq, last_event_at
 )
 SELECT md5(i::text)::uuid, 'ping', 'q' || (i %% 8), '{}'::jsonb, 'succeeded', 0,
        ts, NULL, 1, 1, 0, NULL, 0, NULL, NULL, NULL, NULL, '{"pong": true}'::jsonb, '', '',

@@ -344,7 +344,7 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
             "Lease and progress",
             {"fields": ("worker_link", "leased_until", "lease_token", "progress")},
         ),
-        ("Family", {"fields": ("parent", "children", "idempotency_key")}),
+        ("Family", {"fields": ("parent", "children", ("unique_key", "unique_while"))}),
     )
     readonly_fields = flatten_fieldsets(fieldsets)  # every field: jobs change by transitions
 

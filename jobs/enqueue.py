@@ -5,11 +5,18 @@ in one statement per 1,000 jobs, inside the caller's transaction if there is
 one: the jobs exist only if the caller commits. On PostgreSQL the same
 statement sends one ``NOTIFY`` per queue (only the queue name: workers treat
 it as a hint and claim from the table).
+
+A job with a ``unique_key`` whose key another job holds is not stored: the
+INSERT skips it (``ON CONFLICT DO NOTHING``, the database's unique index
+decides, so concurrent enqueues make one job) and the holder is returned
+with ``duplicate`` set (``jobs.uniqueness``). Jobs without a key cost no
+extra query.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import uuid
@@ -25,9 +32,11 @@ from django.utils import timezone
 from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.exceptions import EnqueueError
+from jobs.key_holders import key_holders
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job
 from jobs.operations import operation_spec
 from jobs.storable import first_unstorable, text_problem
+from jobs.uniqueness import DEFAULT_UNIQUE_WHILE, MAX_KEY_LENGTH, UniqueWhile
 from jobs.wakeups import NOTIFY_CHANNEL
 
 CHUNK = 1000
@@ -35,13 +44,24 @@ CHUNK = 1000
 JOB_COLUMNS = (
     "id, operation, queue, payload, status, priority, run_after, expires_at, attempts, "
     "max_attempts, lease_requeues, parent_id, progress_current, progress_total, error_code, "
-    "error_message, created_at, idempotency_key, last_event_seq, last_event_at"
+    "error_message, created_at, unique_key, last_event_seq, last_event_at, unique_while, "
+    "timeout_seconds"
 )
+# The longest per-job timeout: past it the reaper's global timeout is the better tool.
+MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
+# Inserting a key whose holder left its window between the INSERT and the read is tried again.
+MAX_KEY_ROUNDS = 10
 
 
 @dataclass
 class JobSpec:
-    """One job to enqueue; ``None`` fields take the operation's defaults."""
+    """One job to enqueue; ``None`` fields take the operation's defaults.
+
+    ``unique_key`` with ``unique_while`` (``queued``, ``active``, the default,
+    or ``until_retention``) keeps duplicates out (``jobs.uniqueness``);
+    ``idempotency_key`` is the older name of a key held until retention.
+    ``timeout_seconds`` bounds one run (default: the operation's).
+    """
 
     operation: str
     payload: Any = field(default_factory=dict)
@@ -52,6 +72,9 @@ class JobSpec:
     max_attempts: int | None = None
     parent: uuid.UUID | str | None = None
     idempotency_key: str | None = None
+    unique_key: str | None = None
+    unique_while: str | None = None
+    timeout_seconds: float | None = None
 
 
 @dataclass(slots=True)
@@ -68,7 +91,9 @@ class _Row:
     expires_at: datetime | None
     max_attempts: int
     parent_id: uuid.UUID | None
-    idempotency_key: str | None
+    unique_key: str | None
+    unique_while: str | None
+    timeout_seconds: float | None
 
 
 class _Batch:
@@ -199,12 +224,17 @@ def _prepare(spec: JobSpec, batch: _Batch) -> tuple[_Row | None, dict[str, list[
             errors["queue"] = ["The queue name must be a non-empty string."]
         elif reason := batch.text_error(queue):
             errors["queue"] = [f"The queue name {reason}."]
-    key = spec.idempotency_key
-    if key is not None:
-        if not isinstance(key, str) or not 0 < len(key) <= 255:
-            errors["idempotency_key"] = ["The idempotency key must be 1 to 255 characters."]
-        elif reason := text_problem(key):
-            errors["idempotency_key"] = [f"The idempotency key {reason}."]
+    key, unique_while = spec.unique_key, spec.unique_while
+    if key is not None or unique_while is not None or spec.idempotency_key is not None:
+        key, unique_while = _unique(spec, errors)
+    timeout = spec.timeout_seconds
+    if timeout is None:
+        timeout = getattr(op, "timeout_seconds", None)
+    elif not _seconds(timeout):
+        errors["timeout_seconds"] = [
+            f"timeout_seconds must be a number above 0 and at most {MAX_TIMEOUT_SECONDS:g} "
+            "(30 days)."
+        ]
     parent_id = None
     if spec.parent:
         try:
@@ -227,7 +257,52 @@ def _prepare(spec: JobSpec, batch: _Batch) -> tuple[_Row | None, dict[str, list[
         max_attempts or op.max_attempts,
         parent_id,
         key,
+        unique_while,
+        float(timeout) if timeout is not None else None,
     ), {}
+
+
+def _seconds(value: Any) -> bool:
+    """A finite number of seconds above 0 and within ``MAX_TIMEOUT_SECONDS`` (not a bool)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= MAX_TIMEOUT_SECONDS
+    )
+
+
+def _unique(spec: JobSpec, errors: dict[str, list[str]]) -> tuple[str | None, str | None]:
+    """The spec's key and mode, ``idempotency_key`` read as ``until_retention``; errors added."""
+    key, mode, name = spec.unique_key, spec.unique_while, "unique_key"
+    if spec.idempotency_key is not None:
+        if key is not None:
+            errors["idempotency_key"] = [
+                "Give unique_key or idempotency_key, not both: an idempotency key is a "
+                "unique_key held until retention."
+            ]
+            return None, None
+        if mode not in (None, UniqueWhile.UNTIL_RETENTION):
+            errors["unique_while"] = [
+                "An idempotency key is held until retention; use unique_key for "
+                f"unique_while {mode!r}."
+            ]
+            return None, None
+        key, mode, name = spec.idempotency_key, UniqueWhile.UNTIL_RETENTION.value, "idempotency_key"
+    label = name.replace("_", " ")
+    if key is None:
+        errors["unique_while"] = ["unique_while needs a unique_key."]
+    elif not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH:
+        errors[name] = [f"The {label} must be 1 to {MAX_KEY_LENGTH} characters."]
+    elif reason := text_problem(key):
+        errors[name] = [f"The {label} {reason}."]
+    if mode is None:
+        mode = DEFAULT_UNIQUE_WHILE.value
+    elif mode not in UniqueWhile.values:
+        errors["unique_while"] = [
+            f"unique_while must be one of {', '.join(UniqueWhile.values)}, not {mode!r}."
+        ]
+    return key, str(mode)
 
 
 def _resolve(name: str) -> Any:
@@ -241,8 +316,8 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
     """Validate and store ``specs``; return their jobs in the same order.
 
     Nothing is stored if any spec is invalid (``EnqueueError`` names the
-    index and field). A spec whose ``idempotency_key`` already exists returns
-    the existing job instead of a new one.
+    index and field). A spec whose ``unique_key`` another job holds returns
+    that job instead of a new one, with ``duplicate`` set to True.
     """
     now = timezone.now()
     batch = _Batch(int(knob("MAX_PAYLOAD_BYTES")), now, len(specs))
@@ -278,13 +353,41 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
         with transaction.atomic(using=using):
             for chunk in chunks:
                 inserted |= _insert(chunk, now, using=using)
-    keyed = {r.idempotency_key for r in rows if r.id not in inserted and r.idempotency_key}
-    existing = (
-        {j.idempotency_key: j for j in Job.objects.using(using).filter(idempotency_key__in=keyed)}
-        if keyed
-        else {}
+    skipped = [r for r in rows if r.id not in inserted]
+    holders = _holders(skipped, inserted, now, using) if skipped else {}
+    return [_job(r, now, using) if r.id in inserted else holders[r.unique_key] for r in rows]
+
+
+def _holders(
+    skipped: list[_Row], inserted: set[uuid.UUID], now: datetime, using: str
+) -> dict[str | None, Job]:
+    """The jobs holding the keys of ``skipped`` rows, marked ``duplicate``, by key.
+
+    A holder may leave its window (start, finish) between the INSERT that
+    met it and this read: the rows of such keys are inserted again, until
+    each key is held by a job this call made or found. ``inserted`` gains
+    the ids of the rows stored on a later round.
+    """
+    found: dict[str | None, Job] = {}
+    for _ in range(MAX_KEY_ROUNDS):
+        wanted = {r.unique_key for r in skipped if r.unique_key and r.unique_key not in found}
+        for key, job in key_holders(wanted, using=using).items():
+            job.duplicate = True
+            found[key] = job
+        # One row per key that nobody holds now; the others wait for its outcome.
+        again = list(
+            {r.unique_key: r for r in reversed(skipped) if r.unique_key not in found}.values()
+        )
+        if not again:
+            return found
+        with transaction.atomic(using=using):
+            stored = _insert(again, now, using=using)
+        inserted |= stored
+        skipped = [r for r in skipped if r.id not in stored]
+    raise EnqueueError(
+        "The job was not enqueued: its unique key kept changing hands; try again.",
+        {"unique_key": ["The key's holder kept leaving its window during the enqueue."]},
     )
-    return [_job(r, now, using) if r.id in inserted else existing[r.idempotency_key] for r in rows]
 
 
 def enqueue(operation: str, payload: dict[str, Any] | None = None, **options: Any) -> Job:
@@ -313,7 +416,9 @@ def _job(row: _Row, now: datetime, using: str) -> Job:
     values["expires_at"] = row.expires_at
     values["max_attempts"] = row.max_attempts
     values["parent_id"] = row.parent_id
-    values["idempotency_key"] = row.idempotency_key
+    values["unique_key"] = row.unique_key
+    values["unique_while"] = row.unique_while
+    values["timeout_seconds"] = row.timeout_seconds
     state = values["_state"] = _new_state(ModelState)
     state.db = using
     state.adding = False
@@ -352,7 +457,8 @@ def _job_template(now: datetime) -> dict[str, Any]:
     return _template[1]
 
 
-INSERT_CONFLICT = "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+# Any unique index: in practice job_unique_key_held (a held key), as ids never repeat.
+INSERT_CONFLICT = "ON CONFLICT DO NOTHING"
 EVENT_COLUMNS = "job_id, seq, ts, event, level, message, fields"
 
 # The whole batch as one JSON document: the statement text never changes and
@@ -360,10 +466,11 @@ EVENT_COLUMNS = "job_id, seq, ts, event, level, message, fields"
 POSTGRES_INSERT = (
     f"WITH ins AS (INSERT INTO controlplane_job ({JOB_COLUMNS}) "
     "SELECT u.id, u.operation, u.queue, u.payload, 'queued', u.priority, u.run_after, "
-    "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %s, u.ikey, 1, %s "
-    "FROM jsonb_to_recordset(%s::jsonb) AS u(id uuid, operation text, queue text, "
-    "payload jsonb, priority int, run_after timestamptz, expires_at timestamptz, "
-    f"max_attempts int, parent uuid, ikey text) {INSERT_CONFLICT} RETURNING id) "
+    "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %s, u.ukey, 1, %s, "
+    "u.uwhile, u.timeout FROM jsonb_to_recordset(%s::jsonb) AS u(id uuid, operation text, "
+    "queue text, payload jsonb, priority int, run_after timestamptz, expires_at timestamptz, "
+    "max_attempts int, parent uuid, ukey text, uwhile text, timeout float8) "
+    f"{INSERT_CONFLICT} RETURNING id) "
     f"INSERT INTO controlplane_jobevent ({EVENT_COLUMNS}) "
     "SELECT ins.id, 1, %s, 'job.enqueued', 'info', '', '{}'::jsonb FROM ins "
     # One NOTIFY per queue, delivered at commit; a hint, never the job.
@@ -386,7 +493,8 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
             )
             return {r[0] for r in cursor.fetchall()}
         values = (
-            "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s)"
+            "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s, "
+            "%s, %s)"
         )
         params: list[Any] = []
         created = d.ts(now)
@@ -402,8 +510,10 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
                 r.max_attempts,
                 d.uuid(r.parent_id),
                 created,
-                r.idempotency_key,
+                r.unique_key,
                 created,
+                r.unique_while,
+                r.timeout_seconds,
             ]
         cursor.execute(
             f"INSERT INTO controlplane_job ({JOB_COLUMNS}) "
@@ -424,7 +534,8 @@ def _rows_document(rows: list[_Row]) -> str:
     """The batch as a JSON array, with each payload's JSON spliced in as it was serialised.
 
     Operation, queue and run_after usually repeat across a batch: each
-    distinct value is encoded once.
+    distinct value is encoded once. Keys that are null are left out
+    (``jsonb_to_recordset`` reads a missing key as NULL).
     """
     dumps = json.dumps
     texts: dict[Any, str] = {}
@@ -444,8 +555,20 @@ def _rows_document(rows: list[_Row]) -> str:
         f'"run_after":{text(r.run_after)},'
         f'"expires_at":{text(r.expires_at) if r.expires_at else "null"},'
         f'"max_attempts":{r.max_attempts},'
-        f'"parent":{text(str(r.parent_id)) if r.parent_id else "null"},'
-        f'"ikey":{dumps(r.idempotency_key) if r.idempotency_key else "null"}}}'
+        f'"parent":{text(str(r.parent_id)) if r.parent_id else "null"}'
+        f"{_extras(r, dumps)}}}"
         for r in rows
     ]
     return "[" + ",".join(parts) + "]"
+
+
+def _extras(row: _Row, dumps: Any) -> str:
+    """The optional columns of one row's JSON (``,"key":value`` each), empty for most jobs."""
+    if row.unique_key is None and row.timeout_seconds is None:
+        return ""
+    out = ""
+    if row.unique_key is not None:
+        out += f',"ukey":{dumps(row.unique_key)},"uwhile":{dumps(row.unique_while)}'
+    if row.timeout_seconds is not None:
+        out += f',"timeout":{row.timeout_seconds!r}'
+    return out

@@ -16,6 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.states import ACTIVE, TERMINAL, Status, TextChoices
+from jobs.uniqueness import HOLDS_KEY, UniqueWhile
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 # The reaper's rescue events (jobs.rescues writes them).
@@ -143,8 +144,12 @@ class Job(models.Model):
         related_name="jobs",
         db_index=False,
     )
-    # NULL, not "": the partial unique index only covers keyed jobs.
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # Unique jobs (jobs.uniqueness): NULL, not "", when unkeyed; the partial
+    # unique index job_unique_key_held covers only rows that hold their key.
+    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    unique_while = models.CharField(  # noqa: DJ001
+        max_length=16, choices=UniqueWhile.choices, null=True, blank=True
+    )
     # Timeline bookkeeping: the next event's seq is last_event_seq + 1, taken
     # under the job's row lock so seqs commit in order and never leave gaps.
     last_event_seq = models.IntegerField(default=0)
@@ -177,10 +182,13 @@ class Job(models.Model):
                 condition=Q(timeout_seconds__isnull=True) | Q(timeout_seconds__gt=0),
                 name="job_timeout_positive",
             ),
+            models.CheckConstraint(
+                condition=Q(unique_key__isnull=True, unique_while__isnull=True)
+                | Q(unique_key__isnull=False, unique_while__in=UniqueWhile.values),
+                name="job_unique_while_valid",
+            ),
             models.UniqueConstraint(
-                fields=["idempotency_key"],
-                condition=Q(idempotency_key__isnull=False),
-                name="job_idempotency_key_unique",
+                fields=["unique_key"], condition=HOLDS_KEY, name="job_unique_key_held"
             ),
         ]
         indexes = [
@@ -222,12 +230,20 @@ class Job(models.Model):
             ),
         ]
 
+    # Set on the jobs enqueue returns: True when the key was held and this is the holder.
+    duplicate = False
+
     def __str__(self) -> str:
         return f"{self.operation} {self.id} ({self.status})"
 
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The older name of a key held until retention (``unique_while='until_retention'``)."""
+        return self.unique_key if self.unique_while == UniqueWhile.UNTIL_RETENTION else None
 
 
 class EventLevel(TextChoices):

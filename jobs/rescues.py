@@ -19,6 +19,7 @@ from jobs.transitions import (
     CLEAR_LEASE,
     DECREMENT_ATTEMPTS,
     JOB_TABLE,
+    RESET_STARTED_AT,
     Event,
     Sql,
     _move,
@@ -77,7 +78,7 @@ def requeue_expired_leases(
             "attempts": DECREMENT_ATTEMPTS,
             "run_after": now,
             "worker_id": None,
-            "started_at": None,
+            "started_at": RESET_STARTED_AT,
         },
     )
     notify_job_queues([m.id for m in requeued])

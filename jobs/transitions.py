@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from jobs.dialect import Dialect, dialect
@@ -49,6 +49,11 @@ class Json:
 
 DECREMENT_ATTEMPTS = Sql("CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END")
 CLEAR_LEASE = {"leased_until": None, "lease_token": None}
+# started_at for a requeue that does not count the attempt: cleared, except on
+# a job whose unique key is held until its first start (unique_while 'queued'),
+# for which it is the mark that it ran: it must not take its key again, nor
+# collide with the job enqueued under that key since (jobs.uniqueness).
+RESET_STARTED_AT = Sql("CASE WHEN unique_while = 'queued' THEN started_at END")
 
 
 @dataclass(frozen=True)
@@ -393,7 +398,7 @@ def retry_job_later(
             "attempts": DECREMENT_ATTEMPTS,
             "run_after": timezone.now() + timedelta(seconds=delay_seconds),
             "worker_id": None,
-            "started_at": None,
+            "started_at": RESET_STARTED_AT,
         },
         using=using,
     )
@@ -488,7 +493,7 @@ def requeue_after_outage(
                 "attempts": DECREMENT_ATTEMPTS,
                 "run_after": timezone.now() + timedelta(seconds=delay),
                 "worker_id": None,
-                "started_at": None,
+                "started_at": RESET_STARTED_AT,
             },
             using=using,
         )
@@ -521,7 +526,7 @@ def requeue_job(
             "attempts": DECREMENT_ATTEMPTS,
             "run_after": timezone.now(),
             "worker_id": None,
-            "started_at": None,
+            "started_at": RESET_STARTED_AT,
         },
         using=using,
     )
@@ -640,33 +645,61 @@ def retry_job(
     The fresh budget includes ``lease_requeues``: ``MAX_LEASE_REQUEUES`` counts
     lease rescues since the last operator retry, which is what an operator
     retrying a job expects. The job's queue is notified so workers claim it at once.
+    While another job holds the job's unique key, ``UniqueKeyHeld`` (an
+    ``IllegalTransition``) says which, and nothing changes.
     """
-    with transaction.atomic(using=using):
-        moved = _move_one(
-            job_id,
-            target=QUEUED,
-            sources=(FAILED, CANCELLED),
-            event=Event("job.retried", message=reason or "", fields=_operator_fields(by, reason)),
-            assign=_retry_assign(),
-            using=using,
-        )
-        notify_job_queues([job_id], using=using)
+    try:
+        with transaction.atomic(using=using):
+            moved = _move_one(
+                job_id,
+                target=QUEUED,
+                sources=(FAILED, CANCELLED),
+                event=Event(
+                    "job.retried", message=reason or "", fields=_operator_fields(by, reason)
+                ),
+                assign=_retry_assign(),
+                using=using,
+            )
+            notify_job_queues([job_id], using=using)
+    except IntegrityError as error:
+        from jobs.key_holders import key_held_error
+
+        held = key_held_error(job_id, using=using)
+        if held is None:
+            raise
+        raise held from error
     return moved
 
 
 def retry_jobs(
     job_ids: Sequence[uuid.UUID], *, by: str | None = None, reason: str | None = None
 ) -> list[uuid.UUID]:
-    """Bulk operator retry: the failed or cancelled jobs among ``job_ids`` go back to queued."""
-    with transaction.atomic():
-        moved = _move(
-            target=QUEUED,
-            sources=(FAILED, CANCELLED),
-            job_ids=list(job_ids),
-            event=Event("job.retried", message=reason or "", fields=_operator_fields(by, reason)),
-            assign=_retry_assign(),
-        )
-        notify_job_queues([m.id for m in moved])
+    """Bulk operator retry: the failed or cancelled jobs among ``job_ids`` go back to queued.
+
+    Jobs whose unique key another job holds stay as they are: when the one
+    UPDATE meets such a key, the jobs are retried one by one instead.
+    """
+    try:
+        with transaction.atomic():
+            moved = _move(
+                target=QUEUED,
+                sources=(FAILED, CANCELLED),
+                job_ids=list(job_ids),
+                event=Event(
+                    "job.retried", message=reason or "", fields=_operator_fields(by, reason)
+                ),
+                assign=_retry_assign(),
+            )
+            notify_job_queues([m.id for m in moved])
+    except IntegrityError:
+        retried = []
+        for job_id in job_ids:
+            try:
+                retry_job(job_id, by=by, reason=reason)
+            except (IllegalTransition, JobNotFound):  # UniqueKeyHeld is one
+                continue
+            retried.append(job_id)
+        return retried
     return [m.id for m in moved]
 
 

@@ -15,6 +15,7 @@ from rest_framework import serializers
 from jobs.models import Job, JobEvent
 from jobs.selectors import STATES
 from jobs.storable import MAX_DEPTH, first_unstorable
+from jobs.uniqueness import MAX_KEY_LENGTH, UniqueWhile
 
 
 class StrictSerializer(serializers.Serializer):
@@ -47,9 +48,14 @@ assert tuple(StateCountsSerializer().fields) == STATES
 
 
 class JobSerializer(serializers.ModelSerializer):
-    """Job JSON as the README lists it, plus ``expires_at`` and ``idempotency_key``."""
+    """Job JSON as the README lists it, plus ``expires_at``, the unique key and the timeout."""
 
     parent = serializers.UUIDField(source="parent_id", read_only=True, allow_null=True)
+    idempotency_key = serializers.CharField(
+        read_only=True,
+        allow_null=True,
+        help_text="The unique_key when unique_while is until_retention (its older name).",
+    )
     worker = serializers.UUIDField(source="worker_id", read_only=True, allow_null=True)
     payload = serializers.JSONField(read_only=True)
     result = serializers.JSONField(read_only=True, allow_null=True)
@@ -79,8 +85,32 @@ class JobSerializer(serializers.ModelSerializer):
             "worker",
             "expires_at",
             "idempotency_key",
+            "unique_key",
+            "unique_while",
+            "timeout_seconds",
         ]
         read_only_fields = fields
+
+
+class EnqueuedJobSerializer(JobSerializer):
+    """``POST /jobs``: the job, and whether it is an earlier job that holds the unique key."""
+
+    duplicate = serializers.BooleanField(
+        read_only=True, help_text="True (status 200) when another job held the unique_key."
+    )
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "duplicate"]
+        read_only_fields = fields
+
+
+class SecondsField(serializers.FloatField):
+    """A number of seconds; true and false are not numbers here."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class JobDetailSerializer(JobSerializer):
@@ -127,7 +157,30 @@ class EnqueueSerializer(StrictSerializer):
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
     max_attempts = serializers.IntegerField(required=False, allow_null=True)
     parent = serializers.UUIDField(required=False, allow_null=True)
-    idempotency_key = serializers.CharField(required=False, allow_null=True, max_length=255)
+    idempotency_key = serializers.CharField(
+        required=False,
+        allow_null=True,
+        max_length=MAX_KEY_LENGTH,
+        help_text="The same as unique_key with unique_while until_retention.",
+    )
+    unique_key = serializers.CharField(
+        required=False,
+        allow_null=True,
+        max_length=MAX_KEY_LENGTH,
+        help_text="While another job holds this key, that job is returned (200) instead.",
+    )
+    unique_while = serializers.ChoiceField(
+        choices=UniqueWhile.values,
+        required=False,
+        allow_null=True,
+        help_text="How long a job holds its unique_key: queued (until it first starts), "
+        "active (while queued or running; the default) or until_retention.",
+    )
+    timeout_seconds = SecondsField(
+        required=False,
+        allow_null=True,
+        help_text="Longest run in seconds, above 0 and at most 30 days (default: the operation's).",
+    )
 
     def validate_payload(self, value: Any) -> Any:
         """Refuse what no database stores, and nesting past ``MAX_DEPTH`` (the walk is a loop:

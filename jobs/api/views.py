@@ -34,6 +34,7 @@ from jobs.api.permissions import ADD, CHANGE, REMOTE, VIEW
 from jobs.api.serializers import (
     BulkActionSerializer,
     BulkResultSerializer,
+    EnqueuedJobSerializer,
     EnqueueSerializer,
     EventCreatedSerializer,
     EventPageSerializer,
@@ -107,34 +108,30 @@ class JobListView(ApiView):
         operation_id="jobs_enqueue",
         summary="Enqueue a job",
         description=(
-            "Needs controlplane.add_job. 201 with the new job; a repeat with an idempotency_key "
-            "that already exists returns the first job with 200."
+            "Needs controlplane.add_job. 201 with the new job and duplicate false; while "
+            "another job holds the unique_key (or idempotency_key), 200 with that job and "
+            "duplicate true, and nothing is stored."
         ),
         request=EnqueueSerializer,
-        responses={201: JobSerializer, 200: JobSerializer, **error_responses(400, 401, 403, 413)},
+        responses={
+            201: EnqueuedJobSerializer,
+            200: EnqueuedJobSerializer,
+            **error_responses(400, 401, 403, 413),
+        },
     )
     def post(self, request: Request) -> Response:
         serializer = EnqueueSerializer(data=self.body(request))
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
-        key = data.get("idempotency_key")
-        if key:
-            existing = Job.objects.filter(idempotency_key=key).first()
-            if existing is not None:
-                return Response(JobSerializer(existing).data, status=status.HTTP_200_OK)
         operation = data.pop("operation")
         payload = data.pop("payload", None)
         payload = {} if payload is None else payload
         options = {name: value for name, value in data.items() if value is not None}
         job = enqueue(operation, payload, **options)
-        # Another request with the same key may have committed between the check
-        # above and the insert: enqueue then returns that job, read back from the
-        # database. A job this call inserted is built around the very payload
-        # object passed in, so identity tells the two apart without a second query.
-        created = job.payload is payload
+        if job.duplicate:  # the holder, just read from the database
+            return Response(EnqueuedJobSerializer(job).data, status=status.HTTP_200_OK)
         job = Job.objects.get(pk=job.pk)
-        code = status.HTTP_201_CREATED if created or not key else status.HTTP_200_OK
-        return Response(JobSerializer(job).data, status=code)
+        return Response(EnqueuedJobSerializer(job).data, status=status.HTTP_201_CREATED)
 
 
 class JobDetailView(ApiView):

@@ -5,10 +5,14 @@ from django.utils.dateparse import parse_datetime
 
 from jobs.enqueue import enqueue
 from jobs.exceptions import EnqueueError
+from jobs.uniqueness import UniqueWhile
 
 
 class Command(BaseCommand):
-    help = "Enqueue one job and print its id."
+    help = (
+        "Enqueue one job and print its id. While another job holds --unique-key, print that "
+        "job's id instead and say so on stderr."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("operation")
@@ -18,7 +22,18 @@ class Command(BaseCommand):
         parser.add_argument("--run-after", help="ISO 8601 with a timezone")
         parser.add_argument("--max-attempts", type=int)
         parser.add_argument("--parent")
-        parser.add_argument("--idempotency-key")
+        parser.add_argument(
+            "--idempotency-key", help="the same as --unique-key with --unique-while until_retention"
+        )
+        parser.add_argument("--unique-key", help="keep duplicates out while a job holds this key")
+        parser.add_argument(
+            "--unique-while",
+            choices=UniqueWhile.values,
+            help="how long a job holds its key (default: active, while queued or running)",
+        )
+        parser.add_argument(
+            "--timeout-seconds", type=float, help="longest run (default: the operation's)"
+        )
 
     def handle(self, *args, **o) -> None:
         try:
@@ -40,8 +55,16 @@ class Command(BaseCommand):
                 max_attempts=o["max_attempts"],
                 parent=o["parent"],
                 idempotency_key=o["idempotency_key"],
+                unique_key=o["unique_key"],
+                unique_while=o["unique_while"],
+                timeout_seconds=o["timeout_seconds"],
             )
         except EnqueueError as error:
             details = "; ".join(f"{k}: {' '.join(v)}" for k, v in error.errors.items())
             raise CommandError(f"{error.message} {details}") from error
+        if job.duplicate:
+            self.stderr.write(
+                f"duplicate: job {job.pk} ({job.status}) holds unique key {job.unique_key!r}; "
+                "nothing was enqueued."
+            )
         self.stdout.write(str(job.pk))

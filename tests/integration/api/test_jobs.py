@@ -91,7 +91,7 @@ def test_idempotent_repeat_returns_the_first_job_with_200(operator):
     again = operator.post("/jobs", {"operation": "ping", "idempotency_key": "same"})
     assert first.status_code == 201 and again.status_code == 200
     assert again.json()["id"] == first.json()["id"]
-    assert Job.objects.filter(idempotency_key="same").count() == 1
+    assert Job.objects.filter(unique_key="same").count() == 1
 
 
 @pytest.mark.parametrize(

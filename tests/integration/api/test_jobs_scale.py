@@ -78,8 +78,7 @@ def test_an_unindexed_text_filter_over_many_rows_hits_the_timeout(viewer, settin
     seed = queued()
     columns = [f.column for f in Job._meta.concrete_fields]
     picks = [
-        "gen_random_uuid()" if c == "id" else "NULL" if c == "idempotency_key" else c
-        for c in columns
+        "gen_random_uuid()" if c == "id" else "NULL" if c == "unique_key" else c for c in columns
     ]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -115,7 +114,7 @@ def test_a_repeat_that_loses_the_race_after_the_check_gets_200_and_the_first_job
     response = operator.post("/jobs", {"operation": "ping", "idempotency_key": "race"})
     assert response.status_code == 200, response.content
     assert response.json()["id"] == str(winner[0].pk)
-    assert Job.objects.filter(idempotency_key="race").count() == 1
+    assert Job.objects.filter(unique_key="race").count() == 1
     fresh = operator.post("/jobs", {"operation": "ping", "idempotency_key": "other"})
     assert fresh.status_code == 201  # no race: still 201
 
@@ -153,4 +152,4 @@ def test_concurrent_repeats_get_one_201_and_the_rest_200_with_the_same_job(api_f
     statuses = sorted(code for code, _ in answers)
     assert statuses == [200] * (clients - 1) + [201], answers
     assert len({job_id for _, job_id in answers}) == 1
-    assert Job.objects.filter(idempotency_key="together").count() == 1
+    assert Job.objects.filter(unique_key="together").count() == 1

@@ -90,7 +90,7 @@ def test_idempotency_key_returns_the_first_job():
     again = enqueue("sleep", {"seconds": 2}, idempotency_key="order-42")
     assert again.pk == first.pk
     assert again.payload == {"seconds": 1}
-    assert Job.objects.filter(idempotency_key="order-42").count() == 1
+    assert Job.objects.filter(unique_key="order-42").count() == 1
     assert timeline(first) == [(1, "job.enqueued")]
 
 

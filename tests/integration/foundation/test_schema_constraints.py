@@ -138,8 +138,8 @@ def test_concurrent_enqueue_with_one_idempotency_key_makes_one_job():
         t.join(timeout=60)
     assert not errors, errors
     assert len(got) == 2 and got[0] == got[1]
-    assert Job.objects.filter(idempotency_key=key).count() == 1
-    assert JobEvent.objects.filter(job__idempotency_key=key).count() == 1
+    assert Job.objects.filter(unique_key=key).count() == 1
+    assert JobEvent.objects.filter(job__unique_key=key).count() == 1
 
 
 def test_the_hand_written_sql_names_the_models_tables():
