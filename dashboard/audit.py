@@ -31,6 +31,13 @@ PURGE = "purge"  # manage.py jobs purge
 RUN_NOW = "run_now"
 DISCARD = "discard"  # target: the deleted job's id; filter: what it was
 ENQUEUE = "enqueue"  # the operations page's form
+# Schedules (jobs.schedules.services): target is the schedule's name, filter its id.
+SCHEDULE_CREATE = "schedule_create"
+SCHEDULE_UPDATE = "schedule_update"
+SCHEDULE_DELETE = "schedule_delete"
+SCHEDULE_PAUSE = "schedule_pause"
+SCHEDULE_RESUME = "schedule_resume"
+SCHEDULE_RUN = "schedule_run"
 
 LABELS = {
     CANCEL: "Cancelled",
@@ -45,6 +52,12 @@ LABELS = {
     RUN_NOW: "Run now",
     DISCARD: "Discarded",
     ENQUEUE: "Enqueued",
+    SCHEDULE_CREATE: "Schedule created",
+    SCHEDULE_UPDATE: "Schedule changed",
+    SCHEDULE_DELETE: "Schedule deleted",
+    SCHEDULE_PAUSE: "Schedule paused",
+    SCHEDULE_RESUME: "Schedule resumed",
+    SCHEDULE_RUN: "Schedule run now",
 }
 
 

@@ -60,6 +60,15 @@ DEFAULTS: dict[str, Any] = {
     "TOKEN_CACHE_SECONDS": 10.0,
     # Web processes: how long queue settings (paused, caps) are remembered for remote claims.
     "QUEUE_SETTINGS_CACHE_SECONDS": 1.0,
+    # Periodic schedules (jobs.schedules), fired by the reaper. SCHEDULES: declared
+    # in settings, [{"name": ..., "operation": ..., "cron" | "every_seconds": ...}].
+    # A slot seen more than the grace late is missed (catch_up "none" skips it);
+    # catch_up "all" fires at most CATCH_UP_MAX missed slots; a reaper looks for
+    # new or resumed schedules at least every POLL seconds between passes.
+    "SCHEDULES": [],
+    "SCHEDULE_MISFIRE_GRACE_SECONDS": 60.0,
+    "SCHEDULE_CATCH_UP_MAX": 100,
+    "SCHEDULE_POLL_SECONDS": 1.0,
     # Where operations live: modules imported at start-up. Every installed
     # app's ``operations`` module is imported as well.
     "OPERATION_MODULES": ["jobs.diagnostics", "jobs.tasks_backend"],

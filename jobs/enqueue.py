@@ -45,7 +45,7 @@ JOB_COLUMNS = (
     "id, operation, queue, payload, status, priority, run_after, expires_at, attempts, "
     "max_attempts, lease_requeues, parent_id, progress_current, progress_total, error_code, "
     "error_message, created_at, unique_key, last_event_seq, last_event_at, unique_while, "
-    "timeout_seconds"
+    "timeout_seconds, schedule_id"
 )
 # The longest per-job timeout: past it the reaper's global timeout is the better tool.
 MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
@@ -75,6 +75,8 @@ class JobSpec:
     unique_key: str | None = None
     unique_while: str | None = None
     timeout_seconds: float | None = None
+    # The schedule firing it (jobs.schedules.firing); stored as ``Job.schedule``.
+    schedule: uuid.UUID | str | None = None
 
 
 @dataclass(slots=True)
@@ -94,6 +96,7 @@ class _Row:
     unique_key: str | None
     unique_while: str | None
     timeout_seconds: float | None
+    schedule_id: uuid.UUID | None = None
 
 
 class _Batch:
@@ -243,6 +246,12 @@ def _prepare(spec: JobSpec, batch: _Batch) -> tuple[_Row | None, dict[str, list[
             )
         except ValueError:
             errors["parent"] = [f"No job with id {spec.parent}."]
+    schedule_id = None
+    if spec.schedule is not None:
+        try:
+            schedule_id = uuid.UUID(str(spec.schedule))
+        except ValueError:
+            errors["schedule"] = [f"No schedule with id {spec.schedule}."]
     if errors:
         return None, errors
     return _Row(
@@ -259,6 +268,7 @@ def _prepare(spec: JobSpec, batch: _Batch) -> tuple[_Row | None, dict[str, list[
         key,
         unique_while,
         float(timeout) if timeout is not None else None,
+        schedule_id,
     ), {}
 
 
@@ -419,6 +429,7 @@ def _job(row: _Row, now: datetime, using: str) -> Job:
     values["unique_key"] = row.unique_key
     values["unique_while"] = row.unique_while
     values["timeout_seconds"] = row.timeout_seconds
+    values["schedule_id"] = row.schedule_id
     state = values["_state"] = _new_state(ModelState)
     state.db = using
     state.adding = False
@@ -467,9 +478,10 @@ POSTGRES_INSERT = (
     f"WITH ins AS (INSERT INTO controlplane_job ({JOB_COLUMNS}) "
     "SELECT u.id, u.operation, u.queue, u.payload, 'queued', u.priority, u.run_after, "
     "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %s, u.ukey, 1, %s, "
-    "u.uwhile, u.timeout FROM jsonb_to_recordset(%s::jsonb) AS u(id uuid, operation text, "
-    "queue text, payload jsonb, priority int, run_after timestamptz, expires_at timestamptz, "
-    "max_attempts int, parent uuid, ukey text, uwhile text, timeout float8) "
+    "u.uwhile, u.timeout, u.schedule FROM jsonb_to_recordset(%s::jsonb) AS u(id uuid, "
+    "operation text, queue text, payload jsonb, priority int, run_after timestamptz, "
+    "expires_at timestamptz, max_attempts int, parent uuid, ukey text, uwhile text, "
+    "timeout float8, schedule uuid) "
     f"{INSERT_CONFLICT} RETURNING id) "
     f"INSERT INTO controlplane_jobevent ({EVENT_COLUMNS}) "
     "SELECT ins.id, 1, %s, 'job.enqueued', 'info', '', '{}'::jsonb FROM ins "
@@ -494,7 +506,7 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
             return {r[0] for r in cursor.fetchall()}
         values = (
             "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s, "
-            "%s, %s)"
+            "%s, %s, %s)"
         )
         params: list[Any] = []
         created = d.ts(now)
@@ -514,6 +526,7 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
                 created,
                 r.unique_while,
                 r.timeout_seconds,
+                d.uuid(r.schedule_id),
             ]
         cursor.execute(
             f"INSERT INTO controlplane_job ({JOB_COLUMNS}) "
@@ -564,11 +577,13 @@ def _rows_document(rows: list[_Row]) -> str:
 
 def _extras(row: _Row, dumps: Any) -> str:
     """The optional columns of one row's JSON (``,"key":value`` each), empty for most jobs."""
-    if row.unique_key is None and row.timeout_seconds is None:
+    if row.unique_key is None and row.timeout_seconds is None and row.schedule_id is None:
         return ""
     out = ""
     if row.unique_key is not None:
         out += f',"ukey":{dumps(row.unique_key)},"uwhile":{dumps(row.unique_while)}'
     if row.timeout_seconds is not None:
         out += f',"timeout":{row.timeout_seconds!r}'
+    if row.schedule_id is not None:
+        out += f',"schedule":"{row.schedule_id}"'
     return out

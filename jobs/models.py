@@ -460,6 +460,12 @@ class ScheduleFire(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["schedule", "fire_at"], name="schedulefire_slot_unique")
         ]
+        indexes = [
+            # Retention deletes jobs by id and clears their fires' ``job`` in the same transaction.
+            models.Index(
+                fields=["job"], name="schedulefire_job_idx", condition=Q(job__isnull=False)
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.schedule_id} @ {self.fire_at:%Y-%m-%d %H:%M:%S} {self.outcome}"

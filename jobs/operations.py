@@ -137,6 +137,9 @@ class Operation:
     # Exceptions worth another attempt (with backoff) while attempts remain.
     retryable_exceptions: ClassVar[tuple[type[BaseException], ...]] = ()
     description: ClassVar[str] = ""
+    # A periodic schedule declared with the operation (jobs.schedules.declared): a cron
+    # expression, or a dict with cron | every_seconds, timezone, payload, catch_up, overlap.
+    schedule: ClassVar[str | dict[str, Any] | None] = None
 
     def execute(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
         raise NotImplementedError
@@ -557,6 +560,7 @@ def operation(
     payload_schema: dict[str, Any] | None = None,
     atomic: bool = False,
     retryable_exceptions: tuple[type[BaseException], ...] = (),
+    schedule: str | dict[str, Any] | None = None,
     target: OperationRegistry | None = None,
 ) -> Callable[[Callable[[JobContext, dict[str, Any]], Any]], Callable[..., Any]]:
     """Register a function ``func(ctx, payload)`` as an operation."""
@@ -572,6 +576,7 @@ def operation(
                 "payload_schema": payload_schema or {"type": "object"},
                 "atomic": atomic,
                 "retryable_exceptions": retryable_exceptions,
+                "schedule": schedule,
                 "description": (func.__doc__ or "").strip(),
                 "func": staticmethod(func),
             },

@@ -8,7 +8,9 @@ Each pass (``run_once``) handles, in order: workers whose heartbeat went
 silent (their jobs are treated as expired leases, the rows removed), expired
 leases (requeued up to ``MAX_LEASE_REQUEUES``, then failed), jobs past the
 hard timeout that also stopped writing events, retention, and the purge of
-batch messages left by finished parents. Every rescue is a guarded UPDATE
+batch messages left by finished parents. Periodic schedules
+(``jobs.schedules``) fire first in each pass and, between passes, as each
+falls due; the code's schedules are synced at the first pass. Every rescue is a guarded UPDATE
 and every deletion repeats its conditions, so several reapers can run at
 once (one per machine) without acting twice. Deferred parents hold no lease:
 only the timeout (with its stall grace) applies to them.
@@ -17,6 +19,7 @@ only the timeout (with its stall grace) applies to them.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -26,8 +29,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.dialect import dialect
-from jobs.models import Worker
+from jobs.models import ScheduleFire, Worker
 from jobs.rescues import fail_timed_out, requeue_expired_leases
+from jobs.schedules.declared import sync_code_schedules
+from jobs.schedules.firing import FireTimer, fire_due_schedules, prune_fires
 from workers.config import ReaperConfig
 from workers.liveness import LivenessWatch, forget_lost_workers, workers_without_liveness
 from workers.resilience import backoff_delay, is_transient, reset_connection
@@ -51,6 +56,8 @@ class ReaperResult:
     operations_hidden: int = 0
     jobs_deleted: int = 0
     messages_purged: int = 0
+    schedules_fired: int = 0
+    fires_pruned: int = 0
     errors: int = 0
 
     def __str__(self) -> str:
@@ -62,6 +69,8 @@ class Reaper:
         self.config = config or ReaperConfig()
         self.stopping = threading.Event()
         self.liveness = LivenessWatch(self.config.worker_lost_seconds)
+        self.schedules = FireTimer()
+        self._schedules_synced = False
 
     def rescue_lost_workers(self) -> ReaperResult:
         """Rescue the jobs of local workers whose liveness lock has been free for the grace.
@@ -106,6 +115,7 @@ class Reaper:
         result = ReaperResult()
         now = timezone.now()
         steps = (
+            ("schedules", self._schedules),
             ("leases", self._leases),
             ("orphan_operations", self._orphan_operations),
             ("timeouts", self._timeouts),
@@ -142,6 +152,20 @@ class Reaper:
                 pk__in=stale, last_heartbeat__lt=cutoff
             ).delete()
 
+    def _schedules(self, now: datetime, result: ReaperResult) -> None:
+        """Sync the code's schedules (first pass only), then fire what is due."""
+        if not self._schedules_synced:
+            self._schedules_synced = True  # once per start: a bug here must not stop the firing
+            try:
+                sync_code_schedules(now)
+            except Exception as error:
+                if is_transient(error):
+                    self._schedules_synced = False
+                    raise
+                result.errors += 1
+                log.exception("reaper.schedule_sync_failed error=%s", error)
+        result.schedules_fired += fire_due_schedules(now).fired
+
     def _orphan_operations(self, now: datetime, result: ReaperResult) -> None:
         result.operations_hidden = _hide_orphan_operations()
 
@@ -163,6 +187,11 @@ class Reaper:
             deleted = delete_finished_jobs(cutoff, size)
             result.jobs_deleted += deleted
             if deleted < size:
+                break
+        for _ in range(ROUNDS_PER_PASS):
+            pruned = prune_fires(cutoff, size)
+            result.fires_pruned += pruned
+            if pruned < size:
                 break
 
     def _purge(self, now: datetime, result: ReaperResult) -> None:
@@ -200,21 +229,29 @@ class Reaper:
         log.info("reaper.stopped")
 
     def _watch_liveness_until(self, deadline: float) -> None:
-        """Until the next pass: check workers' liveness every ``worker_liveness_seconds``.
+        """Until the next pass: check workers' liveness every ``worker_liveness_seconds``,
+        and fire schedules as they fall due (``FireTimer``: at the earliest
+        ``next_fire_at``, and at least every ``SCHEDULE_POLL_SECONDS``), so an
+        every-second schedule fires on time whatever the pass interval.
 
         The database going away ends the wait early: the pass that follows
         meets the same error and backs off.
         """
         step = self.config.worker_liveness_seconds
-        if step <= 0:
-            self.stopping.wait(max(deadline - time.monotonic(), 0))
-            return
+        next_check = time.monotonic() + step if step > 0 else math.inf
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.stopping.wait(min(step, remaining)):
+            now = time.monotonic()
+            remaining = deadline - now
+            wait = min(remaining, next_check - now, self.schedules.seconds_until_due())
+            if remaining <= 0 or self.stopping.wait(max(wait, 0.0)):
                 return
             try:
-                self.rescue_lost_workers()
+                fired = self.schedules.fire_if_due()
+                if fired is not None and (fired.fired or fired.skipped_overlap or fired.failed):
+                    log.info("reaper.schedules %s", fired)
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + step
+                    self.rescue_lost_workers()
             except Exception as error:
                 self.liveness.forget()
                 reset_connection()
@@ -254,6 +291,12 @@ def delete_finished_jobs(cutoff: datetime, limit: int) -> int:
                 ("controlplane_batchmessage", "parent_id"),
             ):
                 cursor.execute(f"DELETE FROM {table} WHERE {column} IN {marks}", ids)
+            # A schedule's fire history outlives the jobs it names (schedulefire_job_idx).
+            fire = ScheduleFire._meta
+            job_column = fire.get_field("job").column
+            cursor.execute(
+                f"UPDATE {fire.db_table} SET {job_column} = NULL WHERE {job_column} IN {marks}", ids
+            )
     return len(ids)
 
 

@@ -108,6 +108,7 @@ FILTER_PARAMETERS = [
     OpenApiParameter(
         "q", OpenApiTypes.STR, description="Free text over id (or id prefix), operation and error."
     ),
+    OpenApiParameter("schedule", OpenApiTypes.UUID, description="The jobs this schedule fired."),
 ]
 
 

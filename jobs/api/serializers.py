@@ -59,6 +59,12 @@ class JobSerializer(serializers.ModelSerializer):
     worker = serializers.UUIDField(source="worker_id", read_only=True, allow_null=True)
     payload = serializers.JSONField(read_only=True)
     result = serializers.JSONField(read_only=True, allow_null=True)
+    schedule = serializers.UUIDField(
+        source="schedule_id",
+        read_only=True,
+        allow_null=True,
+        help_text="The schedule that fired it (GET /schedules/<id>), or null.",
+    )
 
     class Meta:
         model = Job
@@ -88,6 +94,7 @@ class JobSerializer(serializers.ModelSerializer):
             "unique_key",
             "unique_while",
             "timeout_seconds",
+            "schedule",
         ]
         read_only_fields = fields
 
@@ -215,6 +222,7 @@ class BulkActionSerializer(StrictSerializer):
     created_after = serializers.CharField(required=False, help_text="ISO 8601.")
     created_before = serializers.CharField(required=False, help_text="ISO 8601.")
     q = serializers.CharField(required=False, allow_blank=True)
+    schedule = serializers.CharField(required=False, help_text="A schedule id.")
     ids = serializers.ListField(child=serializers.UUIDField(), required=False)
     reason = serializers.CharField(
         required=False, allow_blank=True, allow_null=True, max_length=2000

@@ -7,7 +7,7 @@ come first, and ``/jobs/cancel`` and ``/jobs/retry`` (bulk) come before
 
 from django.urls import include, path
 
-from jobs.api import operation_views, queue_views, schema, views, worker_views
+from jobs.api import operation_views, queue_views, schedule_views, schema, views, worker_views
 
 
 def both(route: str, view, name: str) -> list:
@@ -31,6 +31,25 @@ urlpatterns = [
     *both("queues/<str:name>/pause", queue_views.QueuePauseView.as_view(), "queue-pause"),
     *both("queues/<str:name>/resume", queue_views.QueueResumeView.as_view(), "queue-resume"),
     *both("operations", operation_views.OperationListView.as_view(), "operation-list"),
+    *both("schedules", schedule_views.ScheduleListView.as_view(), "schedule-list"),
+    *both(
+        "schedules/<str:schedule_id>",
+        schedule_views.ScheduleDetailView.as_view(),
+        "schedule-detail",
+    ),
+    *both(
+        "schedules/<str:schedule_id>/pause",
+        schedule_views.SchedulePauseView.as_view(),
+        "schedule-pause",
+    ),
+    *both(
+        "schedules/<str:schedule_id>/resume",
+        schedule_views.ScheduleResumeView.as_view(),
+        "schedule-resume",
+    ),
+    *both(
+        "schedules/<str:schedule_id>/run", schedule_views.ScheduleRunView.as_view(), "schedule-run"
+    ),
     *both("workers", worker_views.WorkerListView.as_view(), "worker-list"),
     *both("workers/<str:worker_id>", worker_views.WorkerDetailView.as_view(), "worker-detail"),
     *both("schema", schema.SchemaView.as_view(), "schema"),

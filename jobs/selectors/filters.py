@@ -31,6 +31,7 @@ FILTER_KEYS: tuple[str, ...] = (
     "created_after",
     "created_before",
     "q",
+    "schedule",
 )
 
 _HEXISH = re.compile(r"^[0-9a-fA-F-]{4,36}$")
@@ -63,6 +64,7 @@ class JobFilters:
     created_before: datetime | None = None
     q: str = ""
     ids: tuple[uuid.UUID, ...] = ()
+    schedule: uuid.UUID | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -87,6 +89,8 @@ class JobFilters:
             qs = qs.filter(created_at__lt=self.created_before)
         if self.ids:
             qs = qs.filter(pk__in=self.ids)
+        if self.schedule is not None:
+            qs = qs.filter(schedule_id=self.schedule)
         if self.q:
             qs = qs.filter(text_query(self.q))
         return qs
@@ -182,7 +186,8 @@ def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) 
     """Read ``JobFilters`` from a query string (a QueryDict) or a JSON object.
 
     ``status``, ``queue`` and ``operation`` take several values (repeated or
-    comma-separated); ``parent`` takes a job id or ``none``; ``created_after``
+    comma-separated); ``parent`` takes a job id or ``none``; ``schedule`` a
+    schedule id (the jobs it fired); ``created_after``
     and ``created_before`` take ISO 8601 timestamps; ``q`` is free text.
     Raises ``InvalidFilter`` naming each field it could not read.
     """
@@ -214,6 +219,12 @@ def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) 
             parent = parse_uuid(raw_parent)
             if parent is None:
                 errors["parent"] = ["'parent' must be a job id (a UUID) or 'none'."]
+    schedule = None
+    raw_schedule = _single(data, "schedule")
+    if raw_schedule is not None:
+        schedule = parse_uuid(raw_schedule)
+        if schedule is None:
+            errors["schedule"] = ["'schedule' must be a schedule id (a UUID)."]
     stamps: dict[str, datetime | None] = {}
     for name in ("created_after", "created_before"):
         raw = _single(data, name)
@@ -253,6 +264,7 @@ def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) 
         created_before=stamps["created_before"],
         q=(q or "").strip(),
         ids=tuple(dict.fromkeys(ids)),
+        schedule=schedule,
     )
 
 

@@ -29,6 +29,12 @@ def _held(api: Api, suffix: str, body: dict[str, Any]) -> Request:
     return f"/jobs/{job_id}/{suffix}", {"lease_token": token, **body}
 
 
+def _schedule() -> str:
+    from jobs.schedules.services import create_schedule
+
+    return str(create_schedule({"operation": "ping", "every_seconds": 60}).pk)
+
+
 ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
     ("job-list", "GET"): (lambda api: ("/jobs", None), 200),
     ("job-list", "POST"): (lambda api: ("/jobs", {"operation": "ping"}), 201),
@@ -58,6 +64,20 @@ ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
         lambda api: (f"/workers/{register_worker(api)}/claim", {"limit": 1}),
         200,
     ),
+    ("schedule-list", "GET"): (lambda api: ("/schedules", None), 200),
+    ("schedule-list", "POST"): (
+        lambda api: ("/schedules", {"operation": "ping", "every_seconds": 60}),
+        201,
+    ),
+    ("schedule-detail", "GET"): (lambda api: (f"/schedules/{_schedule()}", None), 200),
+    ("schedule-detail", "PATCH"): (
+        lambda api: (f"/schedules/{_schedule()}", {"priority": 1}),
+        200,
+    ),
+    ("schedule-detail", "DELETE"): (lambda api: (f"/schedules/{_schedule()}", None), 204),
+    ("schedule-pause", "POST"): (lambda api: (f"/schedules/{_schedule()}/pause", None), 200),
+    ("schedule-resume", "POST"): (lambda api: (f"/schedules/{_schedule()}/resume", None), 200),
+    ("schedule-run", "POST"): (lambda api: (f"/schedules/{_schedule()}/run", None), 201),
     ("schema", "GET"): (lambda api: ("/schema", None), 200),
     ("schema-docs", "GET"): (lambda api: ("/schema/docs", None), 200),
 }

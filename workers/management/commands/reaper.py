@@ -8,7 +8,10 @@ from workers.reaper import Reaper
 
 
 class Command(BaseCommand):
-    help = "Requeue or fail jobs whose worker died, hung or went silent; apply retention."
+    help = (
+        "Requeue or fail jobs whose worker died, hung or went silent; apply retention; "
+        "fire periodic schedules (any number of reapers may run at once)."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--interval", type=float, help="seconds between passes")

@@ -1,0 +1,298 @@
+"""Firing schedules: the reaper's part, safe with any number of reapers at once.
+
+Each due schedule is fired in one transaction that holds its row (``FOR
+UPDATE SKIP LOCKED`` on PostgreSQL, so a second reaper moves on to other
+schedules instead of waiting) and, for each slot it fires:
+
+1. claims the slot by inserting ``ScheduleFire(schedule, fire_at)`` with
+   ``ON CONFLICT DO NOTHING`` on the unique ``schedulefire_slot_unique``:
+   only the process whose row went in goes on; another one that fired the
+   same slot sees no row come back and enqueues nothing;
+2. enqueues the job (``Job.schedule`` set, its ``job.enqueued`` event naming
+   the schedule) — or, with ``overlap = skip`` while an earlier run of the
+   schedule is still queued or running, records ``skipped_overlap`` instead;
+3. moves ``next_fire_at`` past now and sets ``last_fire_at``.
+
+All of it commits together or not at all, so the unique row, not timing,
+is what makes a slot fire exactly once.
+
+Missed slots (no reaper ran) follow the schedule's ``catch_up``:
+
+- ``none``: only the newest due slot fires, and only when it is less than
+  ``SCHEDULE_MISFIRE_GRACE_SECONDS`` late; older slots are skipped.
+- ``one`` (the default): the newest due slot fires once for all of them.
+- ``all``: every due slot fires, the newest ``SCHEDULE_CATCH_UP_MAX`` of them;
+  older ones are skipped.
+
+Either way ``next_fire_at`` then moves to the first slot after now: never a storm.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Min
+from django.utils import timezone
+
+from jobs.conf import knob
+from jobs.dialect import dialect
+from jobs.enqueue import enqueue
+from jobs.exceptions import EnqueueError
+from jobs.models import CatchUp, Job, JobEvent, Overlap, Schedule, ScheduleFire
+from jobs.schedules.timing import Timing, TimingError
+from jobs.states import ACTIVE
+
+log = logging.getLogger("jobs.schedules")
+
+ENQUEUED = "enqueued"
+SKIPPED_OVERLAP = "skipped_overlap"
+ENQUEUE_FAILED = "enqueue_failed"
+RUN_NOW = "run_now"
+OUTCOMES = (ENQUEUED, SKIPPED_OVERLAP, ENQUEUE_FAILED, RUN_NOW)
+
+# Due schedules read per round, and rounds per call: a huge backlog is
+# worked off over several reaper passes, each bounded.
+BATCH = 100
+ROUNDS = 10
+
+
+@dataclass
+class FireResult:
+    """What one call did: slots fired into jobs, skipped for overlap, refused by enqueue."""
+
+    fired: int = 0
+    skipped_overlap: int = 0
+    failed: int = 0
+
+    def add(self, other: FireResult) -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in asdict(self).items())
+
+
+def slots_to_fire(timing: Timing, catch_up: str, since: datetime, now: datetime) -> list[datetime]:
+    """The slots from ``since`` (the stored ``next_fire_at``) to ``now`` that fire now.
+
+    The catch-up policy of this module's docstring; bounded whatever the gap.
+    """
+    if catch_up == CatchUp.ALL:
+        return timing.slots(since, now, newest=max(1, int(knob("SCHEDULE_CATCH_UP_MAX"))))
+    newest = timing.slots(since, now, newest=1)
+    grace = timedelta(seconds=float(knob("SCHEDULE_MISFIRE_GRACE_SECONDS")))
+    if catch_up == CatchUp.NONE and newest and newest[0] < now - grace:
+        return []
+    return newest
+
+
+def fire_due_schedules(now: datetime | None = None) -> FireResult:
+    """Fire every schedule whose ``next_fire_at`` is at or before ``now`` (default: now).
+
+    The reaper calls it on each pass and whenever a schedule falls due in
+    between. Schedules another process is firing at this moment are left to
+    it (PostgreSQL), or found already advanced once their turn comes (SQLite).
+    """
+    now = now or timezone.now()
+    result = FireResult()
+    for _ in range(ROUNDS):
+        due = list(
+            Schedule.objects.filter(paused=False, next_fire_at__lte=now)
+            .order_by("next_fire_at")
+            .values_list("pk", flat=True)[:BATCH]
+        )
+        for schedule_id in due:
+            result.add(_fire_schedule(schedule_id, now))
+        if len(due) < BATCH:
+            break
+    return result
+
+
+def _fire_schedule(schedule_id: uuid.UUID, now: datetime) -> FireResult:
+    result = FireResult()
+    with transaction.atomic():
+        schedule = (
+            Schedule.objects.select_for_update(skip_locked=True)
+            .filter(pk=schedule_id, paused=False, next_fire_at__lte=now)
+            .first()
+        )
+        if schedule is None:  # another reaper holds it or has fired it; or it was paused
+            return result
+        timing = Timing.of(schedule)
+        since = schedule.next_fire_at
+        try:
+            slots = slots_to_fire(timing, schedule.catch_up, since, now)
+            following = timing.next_after(now)
+        except TimingError as error:  # e.g. a time zone the installed tz database lost
+            log.error("schedule.unusable name=%s error=%s", schedule.name, error)
+            slots, following = [], None
+        if since is not None and (now - since).total_seconds() > float(
+            knob("SCHEDULE_MISFIRE_GRACE_SECONDS")
+        ):
+            log.warning(
+                "schedule.missed name=%s since=%s catch_up=%s firing=%d",
+                schedule.name,
+                since.isoformat(),
+                schedule.catch_up,
+                len(slots),
+            )
+        last = None
+        for fire_at in slots:
+            outcome = fire_slot(schedule, fire_at, now)
+            if outcome is None:
+                continue
+            last = fire_at
+            if outcome == SKIPPED_OVERLAP:
+                result.skipped_overlap += 1
+            elif outcome == ENQUEUE_FAILED:
+                result.failed += 1
+            else:
+                result.fired += 1
+        changes: dict[str, Any] = {"next_fire_at": following}
+        if last is not None and (schedule.last_fire_at is None or last > schedule.last_fire_at):
+            changes["last_fire_at"] = last
+        Schedule.objects.filter(pk=schedule.pk, next_fire_at=since).update(**changes)
+    return result
+
+
+def fire_slot(
+    schedule: Schedule, fire_at: datetime, now: datetime, *, outcome: str = ENQUEUED
+) -> str | None:
+    """Claim one slot of ``schedule`` and act on it; None when the slot was already claimed.
+
+    Call inside a transaction: the claim, the job and its event commit
+    together. Returns the outcome recorded on the ``ScheduleFire`` row.
+    ``run_now`` fires ignore the overlap policy (an operator asked).
+    """
+    if (
+        outcome == ENQUEUED
+        and schedule.overlap == Overlap.SKIP
+        and Job.objects.filter(schedule_id=schedule.pk, status__in=ACTIVE).exists()
+    ):
+        outcome = SKIPPED_OVERLAP
+    fire_id = claim_slot(schedule.pk, fire_at, now, outcome)
+    if fire_id is None:
+        return None
+    if outcome == SKIPPED_OVERLAP:
+        log.info("schedule.skipped_overlap name=%s fire_at=%s", schedule.name, fire_at.isoformat())
+        return outcome
+    try:
+        job = enqueue_for(schedule, fire_at)
+    except EnqueueError as error:
+        if outcome == RUN_NOW:
+            raise
+        log.warning(
+            "schedule.enqueue_failed name=%s fire_at=%s error=%s errors=%s",
+            schedule.name,
+            fire_at.isoformat(),
+            error.message,
+            error.errors,
+        )
+        ScheduleFire.objects.filter(pk=fire_id).update(outcome=ENQUEUE_FAILED)
+        return ENQUEUE_FAILED
+    ScheduleFire.objects.filter(pk=fire_id).update(job=job)
+    return outcome
+
+
+def enqueue_for(schedule: Schedule, fire_at: datetime) -> Job:
+    """The schedule's job for ``fire_at``; its ``job.enqueued`` event names the schedule."""
+    job = enqueue(
+        schedule.operation,
+        schedule.payload or {},
+        queue=schedule.queue or None,
+        priority=schedule.priority,
+        schedule=schedule.pk,
+    )
+    # Same transaction as the insert: nobody sees the event without these fields.
+    JobEvent.objects.filter(job_id=job.pk, seq=1).update(
+        fields={
+            "schedule": str(schedule.pk),
+            "schedule_name": schedule.name,
+            "fire_at": fire_at.isoformat(),
+        }
+    )
+    return job
+
+
+def claim_slot(
+    schedule_id: uuid.UUID, fire_at: datetime, now: datetime, outcome: str
+) -> int | None:
+    """Insert the slot's ``ScheduleFire`` row; its id, or None when the slot was taken.
+
+    ``INSERT … ON CONFLICT DO NOTHING RETURNING id`` (PostgreSQL and SQLite
+    alike): the unique (schedule, fire_at) decides, and a conflict leaves the
+    transaction usable.
+    """
+    d = dialect()
+    meta = ScheduleFire._meta
+    column = {name: meta.get_field(name).column for name in ("schedule", "fire_at")}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {meta.db_table} ({column['schedule']}, {column['fire_at']}, fired_at, "
+            f"outcome) VALUES (%s, %s, %s, %s) "
+            f"ON CONFLICT ({column['schedule']}, {column['fire_at']}) DO NOTHING RETURNING id",
+            [d.uuid(schedule_id), d.ts(fire_at), d.ts(now), outcome],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def prune_fires(cutoff: datetime, limit: int) -> int:
+    """Delete up to ``limit`` fire records of slots before ``cutoff`` (retention); how many.
+
+    A schedule's history is its recent fires; its ``last_fire_at`` stays on
+    the schedule. A slot older than any ``next_fire_at`` is never fired
+    again, so its record is no longer needed to keep it from firing twice.
+    """
+    old = ScheduleFire.objects.filter(fire_at__lt=cutoff).order_by()  # unsorted: any old ones
+    ids = list(old.values_list("pk", flat=True)[:limit])
+    if not ids:
+        return 0
+    deleted, _ = ScheduleFire.objects.filter(pk__in=ids).delete()
+    return deleted
+
+
+class FireTimer:
+    """When the reaper next looks at schedules, between its passes.
+
+    It wakes at the earliest ``next_fire_at`` (so an every-second schedule
+    fires on time) and at least every ``SCHEDULE_POLL_SECONDS`` (so a schedule
+    created, changed or resumed meanwhile is seen that soon).
+    """
+
+    def __init__(self, poll_seconds: float | None = None) -> None:
+        self.poll_seconds = float(
+            knob("SCHEDULE_POLL_SECONDS") if poll_seconds is None else poll_seconds
+        )
+        self._wake = 0.0  # time.monotonic(): due at once
+
+    def seconds_until_due(self) -> float:
+        return max(0.0, self._wake - time.monotonic())
+
+    def fire_if_due(self) -> FireResult | None:
+        """Fire what is due when the timer is; None when it is not time yet."""
+        if time.monotonic() < self._wake:
+            return None
+        # Should this fail, the next try is a poll away, not a busy loop.
+        self._wake = time.monotonic() + self.poll_seconds
+        result = fire_due_schedules()
+        self.plan()
+        return result
+
+    def plan(self) -> None:
+        """Set the next wake-up from the earliest ``next_fire_at`` of a live schedule."""
+        earliest = Schedule.objects.filter(paused=False, next_fire_at__isnull=False).aggregate(
+            earliest=Min("next_fire_at")
+        )["earliest"]
+        wait = self.poll_seconds
+        if earliest is not None:
+            # A few milliseconds late rather than early: an early wake finds nothing due.
+            until = (earliest - timezone.now()).total_seconds() + 0.003
+            wait = min(wait, max(until, 0.0))
+        self._wake = time.monotonic() + wait
