@@ -359,6 +359,26 @@ def set_concurrency_cap(name: str, value: int | None, *, user: Any = None) -> Qu
     return queue
 
 
+def set_rate_limit(name: str, value: float | None, *, user: Any = None) -> Queue:
+    """Set (or clear, with None) the most jobs of a queue started per second, cluster-wide.
+
+    The bucket keeps its tokens: a lower limit caps them at its own burst on
+    the next claim (``jobs.rate_limits``).
+    """
+    with transaction.atomic():
+        queue, _ = Queue.objects.update_or_create(
+            name=name,
+            defaults={"rate_limit_per_second": value},
+            create_defaults={"rate_limit_per_second": value, "kind": Queue.default_kind(name)},
+        )
+        audit.record_action(
+            user, audit.SET_RATE_LIMIT, target=name, filters={"rate_limit_per_second": value}
+        )
+    if value is None:
+        notify_queues([name])  # workers holding off for a token claim at once
+    return queue
+
+
 def parse_cap(raw: str) -> int | None:
     """A cap from a form: blank clears it; otherwise a whole number from 1 to 100,000."""
     raw = (raw or "").strip()

@@ -1,7 +1,7 @@
 """The operators' audit log: one ``OperatorAction`` row per dashboard action.
 
 Every action the dashboard offers (cancel, retry, bulk cancel/retry, pause,
-resume, concurrency cap, orphan requeue) writes a row naming who did it, to
+resume, concurrency cap, rate limit, orphan requeue) writes a row naming who did it, to
 what, how many jobs changed and why, in the same transaction as the change
 where the change is a single write. Job timelines already carry ``by`` on
 their events; this log also covers queue settings, which have no timeline,
@@ -26,6 +26,8 @@ BULK_RETRY = "bulk_retry"
 PAUSE = "pause"
 RESUME = "resume"
 SET_CAP = "set_cap"
+SET_RATE_LIMIT = "set_rate_limit"
+APPLY_SETTINGS = "queue_settings"  # CONTROLPLANE["QUEUES"] applied at start (jobs.queue_limits)
 REQUEUE_ORPHAN = "requeue_orphan"
 PURGE = "purge"  # manage.py jobs purge
 RUN_NOW = "run_now"
@@ -47,6 +49,8 @@ LABELS = {
     PAUSE: "Paused",
     RESUME: "Resumed",
     SET_CAP: "Concurrency cap",
+    SET_RATE_LIMIT: "Rate limit",
+    APPLY_SETTINGS: "Queue settings applied",
     REQUEUE_ORPHAN: "Requeued orphan",
     PURGE: "Purged finished jobs",
     RUN_NOW: "Run now",
@@ -128,6 +132,11 @@ def _detail(entry: OperatorAction) -> str:
     if entry.action == SET_CAP:
         cap = described.get("concurrency_cap")
         return "no cap" if cap is None else f"cap {cap}"
+    if entry.action == SET_RATE_LIMIT:
+        rate = described.get("rate_limit_per_second")
+        return "no rate limit" if rate is None else f"{rate:g} jobs/s"
+    if entry.action == APPLY_SETTINGS:
+        return ", ".join(f"{key}={value}" for key, value in described.items())
     if entry.action == DISCARD:
         return " ".join(str(described.get(k, "")) for k in ("operation", "status")).strip()
     if entry.action not in (BULK_CANCEL, BULK_RETRY):

@@ -254,6 +254,13 @@ class QueueRow:
     oldest_ready: datetime | None
     # A batch queue's messages by state (``batch_message_counts``); None for a job queue.
     messages: dict[str, Count] | None = None
+    rate_limit_per_second: float | None = None  # jobs started per second, cluster-wide
+
+    @property
+    def rate_text(self) -> str:
+        """The rate limit as typed ("5", "0.5"), empty for none."""
+        rate = self.rate_limit_per_second
+        return "" if rate is None else f"{rate:g}"
 
     @property
     def active(self) -> bool:
@@ -285,6 +292,7 @@ def queue_rows() -> list[QueueRow]:
                 counts=counts.get(name, {}),
                 oldest_ready=oldest.get(name),
                 messages=messages.get(name),
+                rate_limit_per_second=q.rate_limit_per_second if q else None,
             )
         )
     return rows

@@ -30,4 +30,5 @@ urlpatterns = [
     path("dashboard/queues/pause/", actions.pause, name="pause"),
     path("dashboard/queues/resume/", actions.resume, name="resume"),
     path("dashboard/queues/cap/", actions.set_cap, name="cap"),
+    path("dashboard/queues/rate/", actions.set_rate_limit, name="rate-limit"),
 ]

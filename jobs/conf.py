@@ -69,6 +69,9 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULE_MISFIRE_GRACE_SECONDS": 60.0,
     "SCHEDULE_CATCH_UP_MAX": 100,
     "SCHEDULE_POLL_SECONDS": 1.0,
+    # Per-queue limits applied by workers and reapers at start when they change
+    # (jobs.queue_limits): {"emails": {"rate_limit_per_second": 5, "concurrency_cap": 10}}.
+    "QUEUES": {},
     # Where operations live: modules imported at start-up. Every installed
     # app's ``operations`` module is imported as well.
     "OPERATION_MODULES": ["jobs.diagnostics", "jobs.tasks_backend"],

@@ -56,6 +56,8 @@ from jobs.independent import independent_connection
 from jobs.models import Queue, QueueKind, Worker, WorkerKind
 from jobs.operations import OperationRegistry
 from jobs.operations import registry as default_registry
+from jobs.queue_limits import apply_configured_queues, configured_queues
+from jobs.rate_limits import TokenWaits, claim_rate_limited
 from workers.batch_runner import MessageFlight, extend_visibility, release_messages, run_message
 from workers.config import WorkerConfig
 from workers.execution import STOP_SHUTDOWN, InFlight, JobRunner
@@ -142,7 +144,9 @@ class JobWorker:
             pre_handle=self.pre_handle,
             post_handle=self.post_handle,
         )
-        self._queue_settings: dict[str, tuple[bool, int | None, str]] = {}
+        # (paused, cap, kind, rate limit) per served queue; see ``_settings``.
+        self._queue_settings: dict[str, tuple[bool, int | None, str, float | None]] = {}
+        self._token_waits = TokenWaits()
         self._queue_settings_read = 0.0
         self._fused = connection.vendor == "postgresql"
         self._local_operations = tuple(self._registry.names())
@@ -170,6 +174,7 @@ class JobWorker:
         self._local_operations = tuple(self._registry.names())
         if install_signals:
             self.guard.install()
+        configured_queues()  # a malformed CONTROLPLANE["QUEUES"] stops us before we register
         try:
             self._register()
         except Exception:
@@ -178,6 +183,8 @@ class JobWorker:
             log.info("worker.stopped id=%s exit=0 (stopped before it could register)", self.id)
             self.guard.done()
             return EXIT_GRACEFUL
+        # CONTROLPLANE["QUEUES"]: before the first claim, so a declared rate limit holds from it.
+        with_db_retry(apply_configured_queues, what="queue_settings", attempts=3)
         self._pool.start()
         self._heartbeat.start()
         if connection.vendor == "postgresql" and not self.config.poll_only:
@@ -222,7 +229,7 @@ class JobWorker:
                 return
             if claimed and self._free_slots() > 0:
                 continue  # there may be more
-            self.wake.wait(self.config.poll_seconds)
+            self.wake.wait(min(self.config.poll_seconds, self._until_next_token()))
 
     def _drain(self) -> int:
         """Let in-flight work finish within the grace, then requeue what is left.
@@ -350,16 +357,16 @@ class JobWorker:
         with self._lock:
             return not self._flights and not self._completions
 
-    def _settings(self) -> dict[str, tuple[bool, int | None, str]]:
-        """(paused, cap, kind) per served queue, re-read at most once a second."""
+    def _settings(self) -> dict[str, tuple[bool, int | None, str, float | None]]:
+        """(paused, cap, kind, rate limit) per served queue, re-read at most once a second."""
         now = time.monotonic()
         if now - self._queue_settings_read > self.config.queue_settings_ttl:
             rows = {
-                q.name: (q.paused, q.concurrency_cap, q.kind)
+                q.name: (q.paused, q.concurrency_cap, q.kind, q.rate_limit_per_second)
                 for q in Queue.objects.filter(name__in=self.config.queues)
             }
             self._queue_settings = {
-                name: rows.get(name, (False, None, Queue.default_kind(name)))
+                name: rows.get(name, (False, None, Queue.default_kind(name), None))
                 for name in self.config.queues
             }
             self._queue_settings_read = now
@@ -392,7 +399,10 @@ class JobWorker:
             settings = self._settings()
             open_queues = [q for q in self.config.queues if not settings[q][0]]
             if open_queues and all(
-                settings[q][2] == QueueKind.JOB and settings[q][1] is None for q in open_queues
+                settings[q][2] == QueueKind.JOB
+                and settings[q][1] is None
+                and settings[q][3] is None
+                for q in open_queues
             ):
                 return self._complete_and_claim(open_queues)
         self._flush_completions()
@@ -431,13 +441,15 @@ class JobWorker:
         settings = self._settings()
         open_queues = [q for q in self.config.queues if not settings[q][0]]
         job_queues = [q for q in open_queues if settings[q][2] == QueueKind.JOB]
-        uncapped = [q for q in job_queues if settings[q][1] is None]
+        uncapped = [q for q in job_queues if settings[q][1] is None and settings[q][3] is None]
         claimed = 0
         if uncapped:
             claimed += self._start_jobs(uncapped, free, None)
         for queue in job_queues:
-            cap = settings[queue][1]
-            if cap is not None and free - claimed > 0:
+            cap, rate = settings[queue][1], settings[queue][3]
+            if rate is not None and free - claimed > 0:
+                claimed += self._start_rate_limited(queue, free - claimed, cap, rate)
+            elif cap is not None and free - claimed > 0:
                 claimed += self._start_jobs([queue], free - claimed, cap)
         for queue in open_queues:
             if settings[queue][2] == QueueKind.BATCH and free - claimed > 0:
@@ -462,6 +474,29 @@ class JobWorker:
         )
         self._submit_jobs(jobs)
         return len(jobs)
+
+    def _start_rate_limited(self, queue: str, limit: int, cap: int | None, rate: float) -> int:
+        """Claim what the queue's bucket allows; an empty bucket is not asked again before
+        its next token is due (``jobs.rate_limits``), whatever wakes the loop meanwhile."""
+        if not self._token_waits.ready(queue, rate=rate):
+            return 0
+        claim = claim_rate_limited(
+            queue=queue,
+            worker_id=self.id,
+            limit=limit,
+            lease_seconds=self.config.lease_seconds,
+            local_operations=self._local_operations,
+            cap=cap,
+        )
+        if claim.retry_in is not None:
+            self._token_waits.hold(queue, rate=rate, seconds=claim.retry_in)
+        self._submit_jobs(claim.jobs)
+        return len(claim.jobs)
+
+    def _until_next_token(self) -> float:
+        """Seconds until a rate-limited queue's next token is due (or a poll, if none waits)."""
+        due = self._token_waits.seconds_left(self.config.queues)
+        return self.config.poll_seconds if due is None else due
 
     def _submit_jobs(self, jobs: list[ClaimedJob]) -> None:
         debug = log.isEnabledFor(logging.DEBUG)

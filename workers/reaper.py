@@ -30,12 +30,13 @@ from django.utils import timezone
 
 from jobs.dialect import dialect
 from jobs.models import ScheduleFire, Worker
+from jobs.queue_limits import apply_configured_queues
 from jobs.rescues import fail_timed_out, requeue_expired_leases
 from jobs.schedules.declared import sync_code_schedules
 from jobs.schedules.firing import FireTimer, fire_due_schedules, prune_fires
 from workers.config import ReaperConfig
 from workers.liveness import LivenessWatch, forget_lost_workers, workers_without_liveness
-from workers.resilience import backoff_delay, is_transient, reset_connection
+from workers.resilience import backoff_delay, is_transient, reset_connection, with_db_retry
 
 log = logging.getLogger("workers")
 
@@ -206,6 +207,8 @@ class Reaper:
     def run(self) -> None:
         failures = 0
         log.info("reaper.started interval=%.2fs", self.config.interval_seconds)
+        # CONTROLPLANE["QUEUES"], for deployments whose workers are all remote.
+        with_db_retry(apply_configured_queues, what="queue_settings", attempts=3)
         while not self.stopping.is_set():
             try:
                 result = self.run_once()

@@ -17,6 +17,7 @@ from dashboard.db import is_timeout, timeout_response
 from dashboard.filters import JobFilters
 from dashboard.views.common import action, base_context, refused
 from jobs.exceptions import JobNotFound
+from jobs.queue_limits import LimitError, parse_rate
 from jobs.selectors import parse_uuid
 
 VERBS = {"cancel": ("Cancel", "Cancelled", "cancelled"), "retry": ("Retry", "Retried", "retried")}
@@ -212,4 +213,20 @@ def set_cap(request: HttpRequest) -> HttpResponse:
         messages.success(request, f"Queue {name} has no concurrency cap now.")
     else:
         messages.success(request, f"Queue {name} runs at most {_plural(value)} at once.")
+    return _back(request, reverse("dashboard:queues"))
+
+
+@action
+def set_rate_limit(request: HttpRequest) -> HttpResponse:
+    name = _queue_name(request)
+    try:
+        value = parse_rate(request.POST.get("rate_limit_per_second", ""))
+    except LimitError as error:
+        messages.error(request, f"{error} Leave it empty for none.")
+        return _back(request, reverse("dashboard:queues"))
+    actions.set_rate_limit(name, value, user=request.user)
+    if value is None:
+        messages.success(request, f"Queue {name} has no rate limit now.")
+    else:
+        messages.success(request, f"Queue {name} starts at most {value:g} jobs a second.")
     return _back(request, reverse("dashboard:queues"))

@@ -5,7 +5,10 @@ claim attempt is short and runs on the web threads (``jobs.web.threads``);
 between attempts the request waits for the process's relay
 (``jobs.remote.relay``) on the event loop, holding no thread and no
 database connection. The relay wakes parked claims one at a time, so one
-new job costs one or two attempts, not one per waiting worker.
+new job costs one or two attempts, not one per waiting worker. A claim that
+found a rate-limited queue's bucket empty also tries again, unwoken, when
+the next token is due (``ClaimAttempt.retry_in``); until then its attempts
+skip that queue without a query, so wake-ups cannot turn into a claim storm.
 
 The attempt itself is a DRF view (``ClaimAttemptView``): authentication,
 the permission, the body and the error shape are those of every other
@@ -112,17 +115,22 @@ class ClaimView(View):
         deadline = scope.get(RECEIVED_AT, loop.time()) + parked.wait
         attempt = parked.attempt
         while (remaining := deadline - loop.time()) > 0:
-            wake = await relay.wait(attempt.queues, attempt.kind, remaining)
-            if wake is None:
+            token_due = attempt.retry_in
+            timeout = remaining if token_due is None else min(remaining, token_due)
+            wake = await relay.wait(attempt.queues, attempt.kind, timeout)
+            if wake is None and (token_due is None or token_due >= remaining):
                 break
             claimed: bool | None = None
             try:
                 again = await _try(request, worker_id)
                 claimed = bool(getattr(again, "claimed", 0)) if again.status_code == 200 else None
             finally:
-                relay.finished(wake, attempt.kind, claimed=claimed)
-            if getattr(again, "parked", None) is None:
+                if wake is not None:
+                    relay.finished(wake, attempt.kind, claimed=claimed)
+            next_parked: Parked | None = getattr(again, "parked", None)
+            if next_parked is None:
                 return again  # jobs, or an error (the worker was removed, the token revoked)
+            attempt = next_parked.attempt
         return response  # the empty list of the first attempt
 
     @classonlymethod

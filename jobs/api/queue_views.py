@@ -1,19 +1,23 @@
-"""Queue routes: every queue's figures, one queue, pause and resume."""
+"""Queue routes: every queue's figures, one queue, its limits, pause and resume."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from dashboard import actions as operator_actions
 from jobs import selectors
 from jobs.api import actions
 from jobs.api.base import QUEUE_NAME, ApiView, bounded, error_responses
 from jobs.api.defaults import extend_schema
 from jobs.api.permissions import CHANGE, VIEW
-from jobs.api.serializers import QueueSerializer
+from jobs.api.serializers import QueueLimitsSerializer, QueueSerializer
+from jobs.models import Queue, QueueKind
+from jobs.queue_limits import CHECKS, FIELDS, LimitError
 
 
 def _queue_json(stats: selectors.QueueStats) -> dict[str, Any]:
@@ -34,7 +38,7 @@ class QueueListView(ApiView):
 
 
 class QueueDetailView(ApiView):
-    required_permissions = {"GET": VIEW}
+    required_permissions = {"GET": VIEW, "PATCH": CHANGE}
 
     @extend_schema(
         operation_id="queues_retrieve",
@@ -44,6 +48,58 @@ class QueueDetailView(ApiView):
     )
     def get(self, request: Request, name: str) -> Response:
         return Response(_queue_json(selectors.queue_detail(_queue_name(name))))
+
+    @extend_schema(
+        operation_id="queues_partial_update",
+        summary="Set or clear a queue's concurrency cap and rate limit",
+        description=(
+            "Both limits hold across every worker, local and remote. A field left out "
+            "keeps its value; null clears it. Recorded in the operators' audit log."
+        ),
+        parameters=[QUEUE_NAME],
+        request=QueueLimitsSerializer,
+        responses={200: QueueSerializer, **error_responses(400, 401, 403)},
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        name = _queue_name(name)
+        changes = _limits(self.body(request), name)
+        # The dashboard's functions: the same writes and the same audit rows.
+        with transaction.atomic():
+            if "concurrency_cap" in changes:
+                operator_actions.set_concurrency_cap(
+                    name, changes["concurrency_cap"], user=request.user
+                )
+            if "rate_limit_per_second" in changes:
+                operator_actions.set_rate_limit(
+                    name, changes["rate_limit_per_second"], user=request.user
+                )
+        return Response(_queue_json(selectors.queue_detail(name)))
+
+
+def _limits(body: dict[str, Any], name: str) -> dict[str, Any]:
+    """The limits a PATCH body sets, checked (``jobs.queue_limits``), or a 400 naming each field."""
+    errors: dict[str, list[str]] = {
+        str(field): ["This field is not known; a queue's limits are " + ", ".join(FIELDS) + "."]
+        for field in sorted(set(body) - set(FIELDS), key=str)[:10]
+    }
+    changes: dict[str, Any] = {}
+    for field in FIELDS:
+        if field in body:
+            try:
+                changes[field] = CHECKS[field](body[field])
+            except LimitError as error:
+                errors[field] = [str(error)]
+    if changes.get("rate_limit_per_second") is not None:
+        kind = Queue.objects.filter(name=name).values_list("kind", flat=True).first()
+        if (kind or Queue.default_kind(name)) == QueueKind.BATCH:
+            errors["rate_limit_per_second"] = [
+                "Rate limits apply to job queues; this is a batch queue."
+            ]
+    if not errors and not changes:
+        errors["non_field_errors"] = ["Give concurrency_cap, rate_limit_per_second or both."]
+    if errors:
+        raise ValidationError(errors)
+    return changes
 
 
 def _queue_name(name: str) -> str:

@@ -279,7 +279,21 @@ class QueueSerializer(serializers.Serializer):
     throughput = ThroughputSerializer()
     paused = serializers.BooleanField()
     concurrency_cap = serializers.IntegerField(allow_null=True)
+    rate_limit_per_second = serializers.FloatField(
+        allow_null=True, help_text="Most jobs started per second across all workers."
+    )
     pending_messages = serializers.IntegerField(help_text="Batch messages waiting on the queue.")
+
+
+class QueueLimitsSerializer(serializers.Serializer):
+    """``PATCH /queues/<name>`` (schema only; the rules are ``jobs.queue_limits``)."""
+
+    concurrency_cap = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, help_text="Null clears it."
+    )
+    rate_limit_per_second = serializers.FloatField(
+        required=False, allow_null=True, help_text="Jobs started per second; null clears it."
+    )
 
 
 class WorkerSerializer(serializers.Serializer):

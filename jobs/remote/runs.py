@@ -28,6 +28,7 @@ from django.utils import timezone
 from jobs.claims import ClaimedJob, claim_jobs
 from jobs.conf import knob
 from jobs.models import Job, Queue, QueueKind, Worker
+from jobs.rate_limits import TokenWaits, claim_rate_limited
 from jobs.remote.errors import LeaseNotYours, RemoteRequestError
 from jobs.remote.workers import get_remote_worker, held_by_other_accounts
 from jobs.states import CANCELLED, RUNNING, Status
@@ -104,25 +105,43 @@ post_delete.connect(
 )
 
 
-def _open_job_queues(worker: Worker) -> tuple[list[str], dict[str, int]]:
-    """The worker's queues that are job queues and not paused, and the caps among them."""
+# This process's view of which rate-limited buckets are empty, and until when.
+token_waits = TokenWaits()
+
+
+@dataclass(frozen=True)
+class _OpenQueues:
+    """The worker's job queues that are not paused, by how a claim treats them."""
+
+    uncapped: list[str]
+    capped: dict[str, int]
+    limited: dict[str, tuple[float, int | None]]  # queue -> (rate, cap)
+
+
+def _open_job_queues(worker: Worker) -> _OpenQueues:
     settings = queue_settings.get()
-    uncapped, capped = [], {}
+    open_queues = _OpenQueues([], {}, {})
     for name in worker.queues:
         q = settings.get(name)
         kind = q.kind if q else Queue.default_kind(name)
         if kind != QueueKind.JOB or (q is not None and q.paused):
             continue
-        if q is not None and q.concurrency_cap is not None:
-            capped[name] = q.concurrency_cap
+        if q is not None and q.rate_limit_per_second is not None:
+            open_queues.limited[name] = (q.rate_limit_per_second, q.concurrency_cap)
+        elif q is not None and q.concurrency_cap is not None:
+            open_queues.capped[name] = q.concurrency_cap
         else:
-            uncapped.append(name)
-    return uncapped, capped
+            open_queues.uncapped.append(name)
+    return open_queues
 
 
 def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
-    uncapped, capped = _open_job_queues(worker)
-    queues = [*uncapped, *capped]
+    """Claim up to ``limit`` jobs; a rate-limited queue whose bucket is known empty is skipped
+    without a query until its next token is due (``token_waits``)."""
+    found = _open_job_queues(worker)
+    uncapped, capped = found.uncapped, found.capped
+    limited = {q: v for q, v in found.limited.items() if token_waits.ready(q, rate=v[0])}
+    queues = [*uncapped, *capped, *limited]
     if not queues:
         return []
     # A cheap read first: an empty poll must not take SQLite's write lock.
@@ -156,6 +175,20 @@ def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
             operations=worker.operations,
             cap=cap,
         )
+    for queue, (rate, rate_queue_cap) in limited.items():
+        if len(claimed) >= limit:
+            break
+        result = claim_rate_limited(
+            queue=queue,
+            worker_id=worker.pk,
+            limit=limit - len(claimed),
+            lease_seconds=lease,
+            operations=worker.operations,
+            cap=rate_queue_cap,
+        )
+        if result.retry_in is not None:
+            token_waits.hold(queue, rate=rate, seconds=result.retry_in)
+        claimed += result.jobs
     return claimed
 
 
@@ -168,6 +201,9 @@ class ClaimAttempt:
     jobs: list[ClaimedJob]
     queues: frozenset[str]
     kind: Hashable  # claims of the same kind find the same jobs (see jobs.remote.relay)
+    # Seconds until a token is due on one of its rate-limited queues whose bucket is
+    # empty; None when none is. A parked long-poll tries again then, unwoken.
+    retry_in: float | None = None
 
 
 def claim(*, worker_id: uuid.UUID | str, user: Any, limit: int = 1) -> ClaimAttempt:
@@ -188,6 +224,7 @@ def claim(*, worker_id: uuid.UUID | str, user: Any, limit: int = 1) -> ClaimAtte
         jobs=jobs,
         queues=frozenset(worker.queues),
         kind=(tuple(sorted(worker.queues)), tuple(sorted(worker.operations))),
+        retry_in=None if jobs else token_waits.seconds_left(worker.queues),
     )
 
 

@@ -22,6 +22,7 @@ class QueueStats:
     oldest_queued_age: float | None = None
     paused: bool = False
     concurrency_cap: int | None = None
+    rate_limit_per_second: float | None = None
     finished_last_minute: int = 0
     finished_last_hour: int = 0
     pending_messages: int = 0
@@ -62,6 +63,7 @@ def queue_stats(names: Sequence[str] | None = None) -> list[QueueStats]:
     for row in rows:
         entry = get(row.name)
         entry.kind, entry.paused, entry.concurrency_cap = row.kind, row.paused, row.concurrency_cap
+        entry.rate_limit_per_second = row.rate_limit_per_second
     for queue, status, n in jobs.values_list("queue", "status").annotate(n=Count("id")):
         get(queue).counts[status] = n
     queued = jobs.filter(status=Status.QUEUED)

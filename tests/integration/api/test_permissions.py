@@ -37,6 +37,7 @@ ROUTES = [
     ("GET", "/queues/default", None, VIEW),
     ("POST", "/queues/default/pause", None, CHANGE),
     ("POST", "/queues/default/resume", None, CHANGE),
+    ("PATCH", "/queues/default", {"rate_limit_per_second": 5}, CHANGE),
     ("GET", "/operations", None, VIEW),
     ("GET", "/workers", None, VIEW),
     ("GET", "/workers/{worker}", None, VIEW),

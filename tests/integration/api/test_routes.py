@@ -52,6 +52,7 @@ ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
     ),
     ("queue-list", "GET"): (lambda api: ("/queues", None), 200),
     ("queue-detail", "GET"): (lambda api: ("/queues/default", None), 200),
+    ("queue-detail", "PATCH"): (lambda api: ("/queues/default", {"concurrency_cap": 2}), 200),
     ("queue-pause", "POST"): (lambda api: ("/queues/default/pause", None), 200),
     ("queue-resume", "POST"): (lambda api: ("/queues/default/resume", None), 200),
     ("operation-list", "GET"): (lambda api: ("/operations", None), 200),

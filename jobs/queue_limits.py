@@ -1,0 +1,154 @@
+"""A queue's two limits, the concurrency cap and the rate limit: their rules and their settings.
+
+One set of rules for every way in (``PATCH /queues/<name>``, the queues
+page, ``CONTROLPLANE["QUEUES"]``): a cap is a whole number from 1 to
+``MAX_CAP``, a rate a finite number of jobs per second above 0 and at most
+``MAX_RATE``; ``None`` clears either.
+
+Settings declare limits next to the code that needs them::
+
+    CONTROLPLANE = {"QUEUES": {"emails": {"rate_limit_per_second": 5, "concurrency_cap": 10}}}
+
+Workers and reapers apply them when they start (``apply_configured_queues``),
+and only when a queue's entry differs from the one last applied (recorded
+in the audit log as ``queue_settings``, by ``settings``). So an operator's
+change from the dashboard or the API stands until a deploy changes that
+queue's entry; restarting a worker does not undo it. A field or a queue no
+longer named keeps its current value: set it to ``None`` to clear it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+
+from jobs.conf import knob
+from jobs.models import OperatorAction, Queue
+
+log = logging.getLogger("jobs")
+
+MAX_CAP = 100_000
+MAX_RATE = 1_000_000.0
+FIELDS = ("concurrency_cap", "rate_limit_per_second")
+
+CAP_RULE = f"The concurrency cap must be a whole number from 1 to {MAX_CAP:,}, or null for none."
+RATE_RULE = (
+    f"The rate limit must be a number of jobs per second above 0 and at most {MAX_RATE:,.0f}, "
+    "or null for none."
+)
+
+
+class LimitError(ValueError):
+    """A limit outside its rule; ``str()`` is the rule, a sentence to show as it is."""
+
+
+def check_cap(value: Any) -> int | None:
+    """A concurrency cap as given in JSON or settings (``None`` clears it)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CAP:
+        raise LimitError(CAP_RULE)
+    return value
+
+
+def check_rate(value: Any) -> float | None:
+    """A rate limit in jobs per second as given in JSON or settings (``None`` clears it)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LimitError(RATE_RULE)
+    rate = float(value)
+    if not math.isfinite(rate) or not 0 < rate <= MAX_RATE:
+        raise LimitError(RATE_RULE)
+    return rate
+
+
+def parse_rate(raw: str) -> float | None:
+    """A rate limit typed into a form: blank clears it."""
+    raw = (raw or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LimitError(RATE_RULE) from None
+    return check_rate(value)
+
+
+CHECKS = {"concurrency_cap": check_cap, "rate_limit_per_second": check_rate}
+
+
+# --- from settings -------------------------------------------------------------------
+
+
+def configured_queues() -> dict[str, dict[str, Any]]:
+    """``CONTROLPLANE["QUEUES"]`` (or ``CONTROLPLANE_QUEUES`` as JSON), checked and normalised."""
+    raw = knob("QUEUES")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise ImproperlyConfigured("CONTROLPLANE_QUEUES must be a JSON object.") from None
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(
+            'CONTROLPLANE["QUEUES"] must map queue names to their limits, e.g. '
+            '{"emails": {"rate_limit_per_second": 5, "concurrency_cap": 10}}.'
+        )
+    queues: dict[str, dict[str, Any]] = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise ImproperlyConfigured(
+                f'CONTROLPLANE["QUEUES"]: {name!r} is not a queue name (1 to 200 characters).'
+            )
+        if not isinstance(entry, dict):
+            raise ImproperlyConfigured(
+                f'CONTROLPLANE["QUEUES"]["{name}"] must be a dict of limits ({", ".join(FIELDS)}).'
+            )
+        unknown = sorted(set(entry) - set(FIELDS))
+        if unknown:
+            raise ImproperlyConfigured(
+                f'CONTROLPLANE["QUEUES"]["{name}"] names {", ".join(map(str, unknown))}; '
+                f"a queue takes {', '.join(FIELDS)}."
+            )
+        try:
+            queues[name] = {field: CHECKS[field](value) for field, value in entry.items()}
+        except LimitError as error:
+            raise ImproperlyConfigured(f'CONTROLPLANE["QUEUES"]["{name}"]: {error}') from None
+    return queues
+
+
+def apply_configured_queues() -> list[str]:
+    """Write each configured queue's limits whose entry changed since last applied; return them.
+
+    Under the queue row's lock, so processes starting together apply an
+    entry once. Each application is an audit row (``queue_settings``, by
+    ``settings``) that the next start compares against.
+    """
+    from dashboard import audit
+
+    applied = []
+    for name, wanted in configured_queues().items():
+        with transaction.atomic():
+            queues = Queue.objects.all()
+            queues.get_or_create(name=name, defaults={"kind": Queue.default_kind(name)})
+            queue = queues.select_for_update().get(name=name)
+            last = (
+                OperatorAction.objects.filter(action=audit.APPLY_SETTINGS, target=name)
+                .order_by("-at", "-id")
+                .values_list("filter", flat=True)
+                .first()
+            )
+            if last == wanted:
+                continue
+            for field, value in wanted.items():
+                setattr(queue, field, value)
+            queue.save(update_fields=[*wanted, "updated_at"])
+            audit.record_action("settings", audit.APPLY_SETTINGS, target=name, filters=wanted)
+        applied.append(name)
+        log.info("queue.settings_applied queue=%s %s", name, json.dumps(wanted, sort_keys=True))
+    return applied
