@@ -32,13 +32,26 @@ RANGES: dict[str, timedelta] = {
     "24h": timedelta(hours=24),
     "7d": timedelta(days=7),
 }
-FIELDS = ("status", "when", "queue", "operation", "parent", "range", "from", "to", "q", "payload")
+FIELDS = (
+    "status",
+    "when",
+    "queue",
+    "operation",
+    "parent",
+    "schedule",
+    "range",
+    "from",
+    "to",
+    "q",
+    "payload",
+)
 LABELS = {
     "status": "status",
     "when": "waiting",
     "queue": "queue",
     "operation": "operation",
     "parent": "parent job",
+    "schedule": "schedule",
     "range": "created",
     "from": "from",
     "to": "to",
@@ -70,6 +83,8 @@ class JobFilters:
     queue: str = ""
     operation: str = ""
     parent: str = ""
+    # The schedule that fired the jobs (job_schedule_idx serves it).
+    schedule: str = ""
     range: str = ""
     time_from: datetime | None = None
     time_to: datetime | None = None
@@ -123,6 +138,13 @@ class JobFilters:
             except ValueError:
                 errors["parent"] = "The parent must be a job id."
                 parent = ""
+        schedule = text("schedule")
+        if schedule:
+            try:
+                schedule = str(uuid.UUID(schedule))
+            except ValueError:
+                errors["schedule"] = "The schedule must be a schedule id."
+                schedule = ""
         times: dict[str, datetime | None] = {}
         for name in ("from", "to"):
             value = text(name)
@@ -152,6 +174,7 @@ class JobFilters:
             queue=text("queue"),
             operation=text("operation"),
             parent=parent,
+            schedule=schedule,
             range=range_,
             time_from=times["from"],
             time_to=times["to"],
@@ -170,6 +193,7 @@ class JobFilters:
             ("queue", self.queue),
             ("operation", self.operation),
             ("parent", self.parent),
+            ("schedule", self.schedule),
             ("range", self.range),
             ("from", self.raw.get("from", "") if self.time_from else ""),
             ("to", self.raw.get("to", "") if self.time_to else ""),
@@ -219,6 +243,8 @@ class JobFilters:
             qs = qs.filter(operation=self.operation)
         if self.parent:
             qs = qs.filter(parent_id=self.parent)
+        if self.schedule:
+            qs = qs.filter(schedule_id=self.schedule)
         since = self.since(now)
         if since:
             qs = qs.filter(created_at__gte=since)
@@ -247,8 +273,8 @@ class JobFilters:
         return qs
 
     def matches(self, job: dict[str, Any], *, now: datetime | None = None) -> bool:
-        """Whether a job summary (``id``, ``status``, ``queue``, ``operation``,
-        ``parent_id``, ``created_at``, ``payload``, ``error_*``) passes these filters."""
+        """Whether a job summary (``id``, ``status``, ``queue``, ``operation``, ``parent_id``,
+        ``schedule_id``, ``created_at``, ``payload``, ``error_*``) passes these filters."""
         if self.status and job["status"] not in self.status:
             return False
         if self.when and not self._matches_when(job, now):
@@ -258,6 +284,8 @@ class JobFilters:
         if self.operation and job["operation"] != self.operation:
             return False
         if self.parent and str(job.get("parent_id") or "") != self.parent:
+            return False
+        if self.schedule and str(job.get("schedule_id") or "") != self.schedule:
             return False
         since = self.since(now)
         if since and job["created_at"] < since:

@@ -330,6 +330,7 @@ def _summaries(ids: list[uuid.UUID], *, with_payload: bool) -> list[dict[str, An
         "queue",
         "operation",
         "parent_id",
+        "schedule_id",
         "created_at",
         "error_code",
         "error_message",
@@ -340,6 +341,7 @@ def _summaries(ids: list[uuid.UUID], *, with_payload: bool) -> list[dict[str, An
     for row in Job.objects.filter(pk__in=ids).values(*columns):
         row["id"] = str(row["id"])
         row["parent_id"] = str(row["parent_id"]) if row["parent_id"] else None
+        row["schedule_id"] = str(row["schedule_id"]) if row["schedule_id"] else None
         row["created_at"] = row["created_at"].isoformat()
         out.append(row)
     return out

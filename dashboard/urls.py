@@ -3,7 +3,7 @@
 from django.urls import path
 from django.views.generic import RedirectView
 
-from dashboard.views import actions, jobs, operations, pages
+from dashboard.views import actions, jobs, operations, pages, schedules
 
 app_name = "dashboard"
 
@@ -15,6 +15,14 @@ urlpatterns = [
     path("dashboard/queues/", pages.queues, name="queues"),
     path("dashboard/operations/", operations.operations, name="operations"),
     path("dashboard/operations/enqueue/", operations.enqueue, name="operations-enqueue"),
+    path("dashboard/schedules/", schedules.schedule_list, name="schedules"),
+    path("dashboard/schedules/new/", schedules.create, name="schedule-create"),
+    path("dashboard/schedules/<uuid:schedule_id>/", schedules.schedule_page, name="schedule"),
+    path("dashboard/schedules/<uuid:schedule_id>/pause/", schedules.pause, name="schedule-pause"),
+    path(
+        "dashboard/schedules/<uuid:schedule_id>/resume/", schedules.resume, name="schedule-resume"
+    ),
+    path("dashboard/schedules/<uuid:schedule_id>/run/", schedules.run_now, name="schedule-run"),
     path("dashboard/jobs/", jobs.job_list, name="jobs"),
     path("dashboard/jobs/live/", jobs.job_list_live, name="jobs-live"),
     path("dashboard/jobs/count/", jobs.job_list_count, name="jobs-count"),

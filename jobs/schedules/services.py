@@ -2,7 +2,8 @@
 
 Plain keyword functions shared by the REST API and the dashboard. Each one
 writes its change and its audit row (``dashboard.audit``) in one transaction;
-``by`` is the Django user acting (None for a script).
+``by`` is the Django user acting (None for a script); pause, resume and run
+now also take the operator's optional ``reason`` for the audit row.
 
 Resuming recomputes ``next_fire_at`` from now: the slots missed while paused
 are skipped, whatever the schedule's ``catch_up`` (that policy is for slots
@@ -60,12 +61,13 @@ def _locked(schedule_id: uuid.UUID | str) -> Schedule:
         raise ScheduleNotFound(schedule_id) from None
 
 
-def _record(by: Any, action: str, schedule: Schedule, **details: Any) -> None:
+def _record(by: Any, action: str, schedule: Schedule, reason: str = "", **details: Any) -> None:
     audit.record_action(
         by,
         action,
         target=schedule.name,
         filters={"schedule": str(schedule.pk), **details},
+        reason=reason,
     )
 
 
@@ -143,19 +145,23 @@ def delete_schedule(schedule_id: uuid.UUID | str, *, by: Any = None) -> None:
         schedule.delete()
 
 
-def pause_schedule(schedule_id: uuid.UUID | str, *, by: Any = None) -> Schedule:
+def pause_schedule(schedule_id: uuid.UUID | str, *, by: Any = None, reason: str = "") -> Schedule:
     """Stop firing until resumed (a fire in progress in a reaper still completes)."""
     with transaction.atomic():
         schedule = _locked(schedule_id)
         if not schedule.paused:
             schedule.paused = True
             schedule.save(update_fields=["paused", "updated_at"])
-        _record(by, audit.SCHEDULE_PAUSE, schedule)
+        _record(by, audit.SCHEDULE_PAUSE, schedule, reason)
     return schedule
 
 
 def resume_schedule(
-    schedule_id: uuid.UUID | str, *, by: Any = None, now: datetime | None = None
+    schedule_id: uuid.UUID | str,
+    *,
+    by: Any = None,
+    now: datetime | None = None,
+    reason: str = "",
 ) -> Schedule:
     """Fire again from the first slot after now; what was missed while paused is skipped."""
     with transaction.atomic():
@@ -164,12 +170,16 @@ def resume_schedule(
             schedule.paused = False
             schedule.next_fire_at = Timing.of(schedule).next_after(now or timezone.now())
             schedule.save(update_fields=["paused", "next_fire_at", "updated_at"])
-        _record(by, audit.SCHEDULE_RESUME, schedule)
+        _record(by, audit.SCHEDULE_RESUME, schedule, reason)
     return schedule
 
 
 def run_schedule_now(
-    schedule_id: uuid.UUID | str, *, by: Any = None, now: datetime | None = None
+    schedule_id: uuid.UUID | str,
+    *,
+    by: Any = None,
+    now: datetime | None = None,
+    reason: str = "",
 ) -> Job:
     """Fire once now, paused or not and whatever the overlap policy; the job it enqueued.
 
@@ -193,5 +203,5 @@ def run_schedule_now(
         if schedule.last_fire_at is None or fire_at > schedule.last_fire_at:
             Schedule.objects.filter(pk=schedule.pk).update(last_fire_at=fire_at)
             schedule.last_fire_at = fire_at
-        _record(by, audit.SCHEDULE_RUN, schedule, job=str(job.pk))
+        _record(by, audit.SCHEDULE_RUN, schedule, reason, job=str(job.pk))
     return job

@@ -16,9 +16,12 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from jobs.models import Job, JobEvent, Queue, Worker
+from jobs.claims import claim_jobs
+from jobs.models import Job, JobEvent, Queue, Schedule, ScheduleFire, Worker
 from jobs.operations import operation, registry
-from jobs.transitions import emit_event
+from jobs.schedules.firing import fire_due_schedules
+from jobs.schedules.services import create_schedule, pause_schedule, run_schedule_now
+from jobs.transitions import complete_job, emit_event, fail_job
 from tests.conftest import ROOT
 from tests.integration.dashboard.helpers import (
     cancelled,
@@ -88,6 +91,7 @@ def _realistic_data() -> Job:
     Queue.objects.create(name="reports", paused=True)
     Queue.objects.create(name="emails", concurrency_cap=20)
     _operator_history(now, finished[0])
+    _schedules(now, alive.pk)
 
     star, held = running(
         {"model": "esm2-650M", "proteins": 12000, "batch_size": 1000},
@@ -151,6 +155,90 @@ def _operator_history(now, job: Job) -> None:
         OperatorAction.objects.filter(pk=row.pk).update(at=now - timedelta(minutes=minutes))
 
 
+def _schedules(now, worker_id) -> None:
+    """A few schedules with an hour of history, made and fired through ``jobs.schedules``.
+
+    The reaper's step is replayed every 30 s of the last hour (``fire_due_schedules``
+    at that instant), with the runs finishing as they go: the sweep's second run
+    fails, the digest's runs of the last 25 minutes wait (so its later slots are skipped).
+    """
+    hour_ago = now - timedelta(hours=1)
+    nightly = create_schedule(
+        {
+            "name": "nightly-reports",
+            "operation": "reports.nightly",
+            "cron": "0 2 * * *",
+            "timezone": "Europe/Berlin",
+            "queue": "reports",
+            "payload": {"period": "yesterday"},
+        },
+        source="code",
+        now=hour_ago,
+    )
+    digest = create_schedule(
+        {
+            "name": "email-digest",
+            "operation": "emails.send",
+            "every_seconds": 600,
+            "queue": "digests",
+            "overlap": "skip",
+            "payload": {"template": "digest", "audience": "ops"},
+        },
+        now=hour_ago,
+    )
+    sweep = create_schedule(
+        {
+            "name": "invoice-sweep",
+            "operation": "invoices.render",
+            "every_seconds": 1200,
+            "queue": "sweeps",
+            "payload": {"older_than_days": 30},
+        },
+        now=hour_ago,
+    )
+    refresh = create_schedule(
+        {
+            "name": "embeddings-refresh",
+            "operation": "embeddings.compute",
+            "cron": "*/30 * * * *",
+            "timezone": "America/New_York",
+            "payload": {"model": "esm2-650M"},
+        },
+        now=hour_ago,
+    )
+    Schedule.objects.update(created_at=hour_ago - timedelta(days=3))
+    pause_schedule(refresh.pk, by=make_user("operator", "margaret"), reason="GPU maintenance")
+    sweeps = 0
+    for step in range(121):
+        at = hour_ago + timedelta(seconds=30 * step)
+        fire_due_schedules(at)
+        queues = [sweep.queue] if at < now - timedelta(minutes=15) else []
+        if at < now - timedelta(minutes=25):  # later, a digest waits: its next slot is skipped
+            queues.append(digest.queue)
+        if not queues:
+            continue
+        for held in claim_jobs(queues=queues, worker_id=worker_id, limit=10, lease_seconds=60):
+            sweeps += held.queue == sweep.queue
+            if sweeps == 2 and held.queue == sweep.queue:
+                fail_job(
+                    held.id,
+                    lease_token=held.lease_token,
+                    error_code="TimeoutError",
+                    error_message="The billing API did not answer in 30 s",
+                )
+            else:
+                complete_job(held.id, lease_token=held.lease_token, result={})
+    run_schedule_now(nightly.pk, by=make_user("operator", "ken"), reason="re-run after fix")
+    for fire in ScheduleFire.objects.exclude(job=None):  # each job ran when its slot fired
+        at = fire.fired_at
+        Job.objects.filter(pk=fire.job_id).update(created_at=at)
+        Job.objects.filter(pk=fire.job_id, finished_at__isnull=False).update(
+            started_at=at + timedelta(seconds=1), finished_at=at + timedelta(seconds=4)
+        )
+        for event in JobEvent.objects.filter(job_id=fire.job_id):
+            JobEvent.objects.filter(pk=event.pk).update(ts=at + timedelta(seconds=event.seq))
+
+
 def _heartbeats() -> None:
     """Live workers beat while the screenshots are taken (the test server's timeout is 3 s)."""
     Worker.objects.exclude(hostname="worker-us-3").update(last_heartbeat=timezone.now())
@@ -191,6 +279,13 @@ def test_screenshots_of_every_page(open_page, tmp_path) -> None:
         shoot(page, name)
     page.goto("/dashboard/jobs/?status=failed")
     shoot(page, "jobs-failed")
+    # Plain pages (no live pill): the schedules and one schedule with its history.
+    page.goto("/dashboard/schedules/")
+    expect(page.locator("table.schedules tbody tr")).to_have_count(4)
+    shoot(page, "schedules")
+    page.get_by_role("link", name="invoice-sweep").click()
+    expect(page.locator("#schedule-history tbody tr").first).to_be_visible()
+    shoot(page, "schedule-detail")
 
     dark = open_page("viewer", username="grace", color_scheme="dark")
     for name, path in (
