@@ -295,9 +295,13 @@ def test_pause_and_resume_a_queue(open_page) -> None:
     expect(row.locator(".flag-good")).to_have_text("active")
     assert not Queue.objects.get(name="pausable").paused
     row.locator("input[name=concurrency_cap]").fill("3")
-    row.get_by_role("button", name="Save").click()
+    row.get_by_role("button", name="Save concurrency cap").click()
     expect(page.locator(".message-success")).to_contain_text("at most 3 jobs at once")
     assert Queue.objects.get(name="pausable").concurrency_cap == 3
+    row.locator("input[name=rate_limit_per_second]").fill("2.5")
+    row.get_by_role("button", name="Save rate limit").click()
+    expect(page.locator(".message-success")).to_be_visible()
+    assert Queue.objects.get(name="pausable").rate_limit_per_second == 2.5
 
 
 def test_requeue_a_job_orphaned_by_a_dead_worker(open_page) -> None:
