@@ -175,11 +175,17 @@ TASKS = {
 # Timing knobs and limits; each is overridable by CONTROLPLANE_<NAME>.
 CONTROLPLANE: dict = {}
 
+# CONTROLPLANE_LOG_FORMAT=json: one JSON object per line (jobs.logging_json); the same
+# variable is the LOG_FORMAT knob, which makes workers log every claim and success.
+LOG_FORMAT = "json" if os.environ.get("CONTROLPLANE_LOG_FORMAT", "").lower() == "json" else "plain"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "jobs.logging_json.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "loggers": {
         "jobs": {
             "handlers": ["console"],

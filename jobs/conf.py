@@ -52,6 +52,16 @@ DEFAULTS: dict[str, Any] = {
     # Batch queues.
     "BATCH_VISIBILITY_SECONDS": 60.0,
     "BATCH_MAX_ATTEMPTS": 3,
+    # Metrics (jobs.metrics): GET /metrics also takes ``Authorization: Bearer
+    # <METRICS_TOKEN>`` when set; the reaper's per-minute rollups are kept
+    # METRICS_RETENTION_DAYS; the rollup reads events at least METRICS_SETTLE_SECONDS
+    # old (a transaction still open that long past its first event is missed).
+    "METRICS_TOKEN": "",
+    "METRICS_RETENTION_DAYS": 30.0,
+    "METRICS_SETTLE_SECONDS": 10.0,
+    # "json": one JSON line per job state change from the jobs/workers loggers
+    # (jobs.logging_json); the demo settings also switch the formatter.
+    "LOG_FORMAT": "plain",
     # Limits.
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     "DASHBOARD_STATEMENT_TIMEOUT_MS": 5000,

@@ -469,3 +469,84 @@ class ScheduleFire(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_id} @ {self.fire_at:%Y-%m-%d %H:%M:%S} {self.outcome}"
+
+
+class MetricCounts(models.Model):
+    """What the metrics rollup counts for one queue and operation (``jobs.metrics.rollup``).
+
+    Histograms are fixed buckets (``jobs.metrics.buckets``): ``*_bucket_counts``
+    holds one count per bucket, not cumulative, the last one past the largest
+    bound; ``*_sum`` is the sum of the observed seconds.
+    """
+
+    queue = models.CharField(max_length=200)
+    operation = models.CharField(max_length=200)
+    started = models.BigIntegerField(default=0)
+    succeeded = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0)
+    retried = models.BigIntegerField(default=0)
+    cancelled = models.BigIntegerField(default=0)
+    lease_expiries = models.BigIntegerField(default=0)
+    rescues = models.BigIntegerField(default=0)
+    wait_bucket_counts = models.JSONField(default=list, blank=True)
+    wait_sum = models.FloatField(default=0.0)
+    run_bucket_counts = models.JSONField(default=list, blank=True)
+    run_sum = models.FloatField(default=0.0)
+
+    class Meta:
+        abstract = True
+
+
+class MetricRollup(MetricCounts):
+    """One minute of one queue and operation; pruned after ``METRICS_RETENTION_DAYS``.
+
+    The unique (minute, queue, operation) index also serves retention
+    (``minute < cutoff``) and the charts' time ranges.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    minute = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["minute", "queue", "operation"], name="metricrollup_minute_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.queue} {self.operation}"
+
+
+class MetricTotal(MetricCounts):
+    """All-time sums per queue and operation: the Prometheus counters.
+
+    Kept beside the minutes (in the same transaction) so that pruning old
+    minutes never makes a counter go down, and a scrape reads a few rows.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "operation"], name="metrictotal_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.operation}"
+
+
+class MetricCursor(models.Model):
+    """How far the rollup has read the events table (its watermark), one row per stream.
+
+    ``last_event_id``: every event with a smaller or equal id is counted.
+    Moved by a conditional UPDATE, so of several reapers exactly one rolls
+    up each range.
+    """
+
+    name = models.CharField(primary_key=True, max_length=50)
+    last_event_id = models.BigIntegerField(default=0)
+    rolled_up_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.last_event_id}"

@@ -53,6 +53,7 @@ from jobs.claims import (
 )
 from jobs.exceptions import LeaseLost
 from jobs.independent import independent_connection
+from jobs.logging_json import state_line_level
 from jobs.models import Queue, QueueKind, Worker, WorkerKind
 from jobs.operations import OperationRegistry
 from jobs.operations import registry as default_registry
@@ -499,10 +500,12 @@ class JobWorker:
         return self.config.poll_seconds if due is None else due
 
     def _submit_jobs(self, jobs: list[ClaimedJob]) -> None:
-        debug = log.isEnabledFor(logging.DEBUG)
+        claimed = state_line_level(logging.DEBUG)  # INFO with JSON logs (LOG_FORMAT=json)
+        debug = log.isEnabledFor(claimed)
         for job in jobs:
             if debug:
-                log.debug(
+                log.log(
+                    claimed,
                     "job.claimed job_id=%s operation=%s queue=%s attempt=%d",
                     job.id,
                     job.operation,

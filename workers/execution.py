@@ -32,6 +32,7 @@ from jobs.exceptions import (
 )
 from jobs.failures import format_traceback, innermost_frame
 from jobs.independent import independent_connection
+from jobs.logging_json import state_line_level
 from jobs.operations import JobContext, Operation, OperationRegistry, OperationResult
 from jobs.storable import first_unstorable, text_problem
 from workers.resilience import describe, is_outage, reset_connection, with_db_retry
@@ -85,6 +86,25 @@ def _log_detail(flight: InFlight, outcome: Outcome) -> str:
         message = outcome.error_message[:LOG_MESSAGE_CHARS]
         return f" error={outcome.error_code} message={message!r}"
     return ""
+
+
+def _log_fields(flight: InFlight, outcome: Outcome, duration_ms: int) -> dict[str, Any]:
+    """A run's log line as data, for JSON logs (``jobs.logging_json``)."""
+    job = flight.job
+    fields: dict[str, Any] = {
+        "job_id": str(job.id),
+        "operation": job.operation,
+        "queue": job.queue,
+        "attempt": job.attempt,
+        "duration_ms": duration_ms,
+        "status": outcome.status,
+    }
+    if outcome.status == "stopped":
+        fields["reason"] = flight.stop_reason
+    if outcome.error_code or outcome.error_message:
+        fields["error_code"] = outcome.error_code
+        fields["error"] = outcome.error_message[:LOG_MESSAGE_CHARS]
+    return fields
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
@@ -167,8 +187,10 @@ class JobRunner:
         # at thousands of jobs a second they were half the worker's CPU, and the
         # events table records every transition anyway. Failures are WARNING and
         # say what failed (the traceback is on the job's event); others stay INFO.
-        level = _LOG_LEVELS.get(outcome.status, logging.INFO)
+        # With JSON logs (LOG_FORMAT=json) every outcome is INFO or above, with its fields.
+        level = state_line_level(_LOG_LEVELS.get(outcome.status, logging.INFO))
         if log.isEnabledFor(level):
+            duration_ms = int((time.monotonic() - flight.started) * 1000)
             log.log(
                 level,
                 "job.%s job_id=%s operation=%s queue=%s attempt=%d duration_ms=%d%s",
@@ -177,8 +199,9 @@ class JobRunner:
                 job.operation,
                 job.queue,
                 job.attempt,
-                (time.monotonic() - flight.started) * 1000,
+                duration_ms,
                 _log_detail(flight, outcome),
+                extra={"controlplane": _log_fields(flight, outcome, duration_ms)},
             )
         if self.post_handle is not None:
             try:

@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.dialect import dialect
+from jobs.metrics.rollup import prune_metric_rollups, roll_up_metrics
 from jobs.models import ScheduleFire, Worker
 from jobs.queue_limits import apply_configured_queues
 from jobs.rescues import fail_timed_out, requeue_expired_leases
@@ -59,6 +60,8 @@ class ReaperResult:
     messages_purged: int = 0
     schedules_fired: int = 0
     fires_pruned: int = 0
+    metric_events: int = 0
+    metric_rows_pruned: int = 0
     errors: int = 0
 
     def __str__(self) -> str:
@@ -122,6 +125,7 @@ class Reaper:
             ("timeouts", self._timeouts),
             ("retention", self._retention),
             ("purge", self._purge),
+            ("metrics", self._metrics),
         )
         for name, step in steps:
             try:
@@ -203,6 +207,13 @@ class Reaper:
             result.messages_purged += purged
             if purged < size:
                 break
+
+    def _metrics(self, now: datetime, result: ReaperResult) -> None:
+        """Roll the new events up into the metrics (``jobs.metrics.rollup``), prune old minutes."""
+        result.metric_events += roll_up_metrics(now=now).events
+        result.metric_rows_pruned += prune_metric_rollups(
+            now=now, limit=int(self.config.retention_batch_size), rounds=ROUNDS_PER_PASS
+        )
 
     def run(self) -> None:
         failures = 0

@@ -39,7 +39,7 @@ from jobs.web.overload import response_for_unavailable
 logger = logging.getLogger("jobs.api")
 
 # First path segments served by the REST API (with or without a trailing slash).
-API_PREFIXES = ("jobs", "queues", "workers", "operations", "schedules", "schema")
+API_PREFIXES = ("jobs", "queues", "workers", "operations", "schedules", "schema", "metrics")
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:

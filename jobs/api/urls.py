@@ -8,6 +8,7 @@ come first, and ``/jobs/cancel`` and ``/jobs/retry`` (bulk) come before
 from django.urls import include, path
 
 from jobs.api import operation_views, queue_views, schedule_views, schema, views, worker_views
+from jobs.api.metrics_view import MetricsView
 
 
 def both(route: str, view, name: str) -> list:
@@ -52,6 +53,7 @@ urlpatterns = [
     ),
     *both("workers", worker_views.WorkerListView.as_view(), "worker-list"),
     *both("workers/<str:worker_id>", worker_views.WorkerDetailView.as_view(), "worker-detail"),
+    *both("metrics", MetricsView.as_view(), "metrics"),
     *both("schema", schema.SchemaView.as_view(), "schema"),
     *both("schema/docs", schema.SchemaDocsView.as_view(), "schema-docs"),
 ]

@@ -54,14 +54,14 @@ def estimated_count(queryset: QuerySet[Any], cap: int | None = None) -> CountRes
     except DatabaseError:
         if not postgres:
             raise
-        return CountResult(value=None, capped=True, estimate=_planner_estimate(queryset))
+        return CountResult(value=None, capped=True, estimate=planner_estimate(queryset))
     if value > cap:
-        estimate = _planner_estimate(queryset) if postgres else None
+        estimate = planner_estimate(queryset) if postgres else None
         return CountResult(value=cap, capped=True, estimate=estimate)
     return CountResult(value=value, capped=False)
 
 
-def _planner_estimate(queryset: QuerySet[Any]) -> int | None:
+def planner_estimate(queryset: QuerySet[Any]) -> int | None:
     """PostgreSQL's own row estimate for ``queryset`` (EXPLAIN, no execution)."""
     sql, params = queryset.order_by().values("pk").query.sql_with_params()
     try:

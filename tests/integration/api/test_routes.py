@@ -79,6 +79,7 @@ ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
     ("schedule-pause", "POST"): (lambda api: (f"/schedules/{_schedule()}/pause", None), 200),
     ("schedule-resume", "POST"): (lambda api: (f"/schedules/{_schedule()}/resume", None), 200),
     ("schedule-run", "POST"): (lambda api: (f"/schedules/{_schedule()}/run", None), 201),
+    ("metrics", "GET"): (lambda api: ("/metrics", None), 200),
     ("schema", "GET"): (lambda api: ("/schema", None), 200),
     ("schema-docs", "GET"): (lambda api: ("/schema/docs", None), 200),
 }
