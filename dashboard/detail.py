@@ -46,8 +46,9 @@ def progress_of(job: Job, now: datetime | None = None) -> Progress | None:
     return Progress(current=current, total=total, percent=percent, eta=eta)
 
 
-# Events whose fields carry a failure's traceback and fingerprint (``jobs.failures``).
-FAILURE_EVENTS = ("job.failed", "job.retry_scheduled")
+# Events whose fields carry a failure's traceback and fingerprint (``jobs.failures``;
+# a worker's ``job.timeout`` keeps the stack of the run at its deadline).
+FAILURE_EVENTS = ("job.failed", "job.retry_scheduled", "job.timeout")
 # How far back from a job's last event its failure is looked for: a failure is
 # its last event unless a later attempt runs, and the scan stays bounded then.
 FAILURE_LOOKBACK = 1000

@@ -32,13 +32,16 @@ class ClaimedJob:
     parent_id: uuid.UUID | None
     lease_token: uuid.UUID
     expired: bool
+    # Seconds this run may take (``Job.timeout_seconds``); None: no per-job timeout.
+    timeout_seconds: float | None = None
 
 
 # --- claim ----------------------------------------------------------------
 
 _RETURNING = (
     "RETURNING id, operation, queue, payload, attempts, max_attempts, parent_id, "
-    "lease_token, last_event_seq, (expires_at IS NOT NULL AND expires_at <= %s) AS expired"
+    "lease_token, last_event_seq, (expires_at IS NOT NULL AND expires_at <= %s) AS expired, "
+    "timeout_seconds"
 )
 _STARTED_EVENT = (
     "SELECT id, last_event_seq, %s, 'job.started', 'info', '', "
@@ -139,6 +142,7 @@ def _claimed(d: Any, r: Sequence[Any]) -> ClaimedJob:
         parent_id=d.read_uuid(r[6]),
         lease_token=d.read_uuid(r[7]),
         expired=bool(r[9]),
+        timeout_seconds=r[10],
     )
 
 
@@ -449,8 +453,8 @@ def complete_and_claim(
         f"WITH done AS ({done}, v.column6 AS duration_ms), claimed AS ({claim}), "
         f"ev AS (INSERT INTO {_EVENT_COLUMNS} {_SUCCEEDED_EVENT} UNION ALL {_STARTED_EVENT}) "
         "SELECT id, operation, queue, payload, attempts, max_attempts, parent_id, lease_token, "
-        "last_event_seq, expired FROM claimed UNION ALL "
-        "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done"
+        "last_event_seq, expired, timeout_seconds FROM claimed UNION ALL "
+        "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done"
     )
     with connections[using].cursor() as cursor:
         cursor.execute(sql, [*done_params, *claim_params, d.ts(now), d.ts(now), str(worker_id)])

@@ -45,6 +45,12 @@ DEFAULTS: dict[str, Any] = {
     "MAX_LEASE_REQUEUES": 3,
     "RETENTION_DAYS": 7.0,
     "RETENTION_BATCH_SIZE": 1000,
+    # Per-job timeouts (jobs.timeouts): the reaper fails a running job this long
+    # past its deadline when its worker did not (dead, stuck, or remote and silent).
+    "TIMEOUT_GRACE_SECONDS": 10.0,
+    # runworker --processes: a child whose abandoned timed-out run still goes on
+    # this long after the worker gave up on it is stopped and replaced.
+    "TIMEOUT_KILL_GRACE_SECONDS": 30.0,
     # Remote-declared operations stay enqueueable this long after the last
     # worker declaring them left (a redeploy): their jobs wait queued for the
     # next worker. After it, enqueue answers "Unknown operation".

@@ -136,6 +136,10 @@ class Operation:
     atomic: ClassVar[bool] = False
     # Exceptions worth another attempt (with backoff) while attempts remain.
     retryable_exceptions: ClassVar[tuple[type[BaseException], ...]] = ()
+    # Seconds a run may take before the worker fails it with ``JobTimeout``
+    # (``job.timeout``) and tells it to stop; each job may set its own at
+    # enqueue. None: only the reaper's global ``REAPER_TIMEOUT_SECONDS``.
+    timeout_seconds: ClassVar[float | None] = None
     description: ClassVar[str] = ""
     # A periodic schedule declared with the operation (jobs.schedules.declared): a cron
     # expression, or a dict with cron | every_seconds, timezone, payload, catch_up, overlap.
@@ -527,6 +531,14 @@ class OperationRegistry:
         if not instance.name:
             raise ValueError(f"{op!r} has no name; set the class attribute 'name'.")
         _ = instance.payload_validator  # compiles now, so a malformed schema fails at start-up
+        timeout = instance.timeout_seconds
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise ValueError(
+                f"The operation {instance.name!r} has timeout_seconds={timeout!r}; "
+                "give a number of seconds above 0, or None for no timeout."
+            )
         self._ops[instance.name] = instance
         return op
 
@@ -560,6 +572,7 @@ def operation(
     payload_schema: dict[str, Any] | None = None,
     atomic: bool = False,
     retryable_exceptions: tuple[type[BaseException], ...] = (),
+    timeout_seconds: float | None = None,
     schedule: str | dict[str, Any] | None = None,
     target: OperationRegistry | None = None,
 ) -> Callable[[Callable[[JobContext, dict[str, Any]], Any]], Callable[..., Any]]:
@@ -576,6 +589,7 @@ def operation(
                 "payload_schema": payload_schema or {"type": "object"},
                 "atomic": atomic,
                 "retryable_exceptions": retryable_exceptions,
+                "timeout_seconds": timeout_seconds,
                 "schedule": schedule,
                 "description": (func.__doc__ or "").strip(),
                 "func": staticmethod(func),
@@ -612,6 +626,8 @@ class RemoteOperationSpec:
     queue: str
     max_attempts: int
     payload_schema: dict[str, Any]
+    # Remote declarations carry no timeout (yet): a job's own ``timeout_seconds`` applies.
+    timeout_seconds: float | None = None
 
     def validate(self, payload: Any) -> dict[str, list[str]]:
         return validate_against_schema(payload, self.payload_schema or {"type": "object"})

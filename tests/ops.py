@@ -93,3 +93,35 @@ class ExactlyOnce(Operation):
 
 
 registry.register(ExactlyOnce)
+
+
+@operation("test.stubborn_sleep")
+def stubborn_sleep(ctx, payload):
+    """Never looks at its context: waits for the file ``release`` (at most ``seconds``),
+    then writes "returned" to ``marker`` and returns a result."""
+    from pathlib import Path
+
+    release = Path(payload["release"])
+    deadline = time.monotonic() + float(payload.get("seconds", 30))
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    Path(payload["marker"]).write_text("returned")
+    return {"late": True}
+
+
+@operation("test.cooperative_sleep", timeout_seconds=0.5)
+def cooperative_sleep(ctx, payload):
+    """Sleeps until cancelled (at most ``seconds``); writes to ``marker`` what it then saw:
+    ``cancelled=True emit=JobCancelled`` when its context told it to stop."""
+    from pathlib import Path
+
+    from jobs.exceptions import JobCancelled
+
+    ctx.wait_cancelled(float(payload.get("seconds", 30)))
+    try:
+        ctx.emit("cooperative.after")
+        emitted = "written"
+    except JobCancelled:
+        emitted = "JobCancelled"
+    Path(payload["marker"]).write_text(f"cancelled={ctx.cancelled} emit={emitted}")
+    return {"stopped": ctx.cancelled}

@@ -59,6 +59,9 @@ class ReaperConfig:
     worker_liveness_seconds: float = field(
         default_factory=lambda: float(knob("WORKER_LIVENESS_SECONDS"))
     )
+    timeout_grace_seconds: float = field(
+        default_factory=lambda: float(knob("TIMEOUT_GRACE_SECONDS"))
+    )
     retention_days: float = field(default_factory=lambda: float(knob("RETENTION_DAYS")))
     retention_batch_size: int = field(default_factory=lambda: int(knob("RETENTION_BATCH_SIZE")))
     batch_size: int = 500

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import socket
 import threading
@@ -66,6 +67,7 @@ from workers.heartbeat import HeartbeatLoop
 from workers.listener import NotifyListener
 from workers.resilience import backoff_delay, is_transient, reset_connection, with_db_retry
 from workers.shutdown import EXIT_GRACE_RAN_OUT, EXIT_GRACEFUL, ShutdownGuard
+from workers.timeouts import report_abandoned, time_out_flight
 
 log = logging.getLogger("workers")
 
@@ -91,10 +93,23 @@ class JobThreads:
         self._threads = [
             threading.Thread(target=self._serve, name=f"job_{n}", daemon=True) for n in range(size)
         ]
+        self._spawned = size
 
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+
+    def add_thread(self) -> None:
+        """One more thread, in place of one whose run the worker abandoned (a timeout).
+
+        That thread leaves the pool when its run returns (``_serve``), so the
+        pool keeps ``size`` threads free for new jobs either way.
+        """
+        thread = threading.Thread(target=self._serve, name=f"job_{self._spawned}", daemon=True)
+        self._spawned += 1
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads.append(thread)
+        thread.start()
 
     def submit(self, key: object, flight: Flight) -> None:
         self._queue.put((key, flight))
@@ -114,6 +129,8 @@ class JobThreads:
                 self._run(*item)
             except Exception:  # noqa: BLE001 - a thread must outlive one broken run
                 log.exception("worker.thread_error key=%s", item[0])
+            if getattr(item[1], "abandoned", 0.0):
+                return  # replaced by ``add_thread`` when its run was abandoned
 
 
 class JobWorker:
@@ -135,6 +152,10 @@ class JobWorker:
         self._lock = threading.Lock()
         self._flights: dict[object, Flight] = {}
         self._completions: list[Completion] = []
+        # Timed-out runs whose threads still run (``workers.timeouts``); at most
+        # ``concurrency``. The next deadline of a flight, for the main loop.
+        self._abandoned: dict[object, InFlight] = {}
+        self._next_deadline = math.inf
         self._pool = JobThreads(config.concurrency, self._execute)
         self._registry = registry or default_registry
         self._runner = JobRunner(
@@ -213,6 +234,7 @@ class JobWorker:
         while not self.guard.stopping.is_set():
             self.wake.clear()
             try:
+                self._enforce_timeouts()
                 self._gather()
                 claimed = self._cycle()
                 failures = 0
@@ -230,7 +252,9 @@ class JobWorker:
                 return
             if claimed and self._free_slots() > 0:
                 continue  # there may be more
-            self.wake.wait(min(self.config.poll_seconds, self._until_next_token()))
+            self.wake.wait(
+                min(self.config.poll_seconds, self._until_next_deadline(), self._until_next_token())
+            )
 
     def _drain(self) -> int:
         """Let in-flight work finish within the grace, then requeue what is left.
@@ -238,6 +262,7 @@ class JobWorker:
         A second signal (``guard.hurry``) moves the grace deadline to now.
         """
         while not self._idle() and time.monotonic() < self.guard.grace_deadline():
+            self._enforce_timeouts_safely()
             self._flush_completions_safely()
             self.wake.wait(min(0.05, max(self.guard.grace_deadline() - time.monotonic(), 0)))
             self.wake.clear()
@@ -310,7 +335,10 @@ class JobWorker:
             Worker.objects.filter(pk=self.id).delete()
         except Exception:  # noqa: BLE001 - the reaper sweeps a worker row left behind
             log.warning("worker.unregister_failed id=%s", self.id)
-        self._pool.shutdown(wait=code == EXIT_GRACEFUL)
+        with self._lock:
+            abandoned = bool(self._abandoned)
+        # Never wait for an abandoned run: it may never return (daemon threads).
+        self._pool.shutdown(wait=code == EXIT_GRACEFUL and not abandoned)
 
     # --- registration and heartbeat -------------------------------------------
     def _register(self) -> None:
@@ -512,24 +540,98 @@ class JobWorker:
                     job.queue,
                     job.attempt,
                 )
-            self._submit(job.id, InFlight(job))
+            flight = InFlight(job)
+            if flight.deadline is not None:
+                self._next_deadline = min(self._next_deadline, flight.deadline)
+            self._submit(job.id, flight)
 
     def _submit(self, key: object, flight: Flight) -> None:
         with self._lock:
             self._flights[key] = flight
         self._pool.submit(key, flight)
 
+    # --- per-job timeouts (workers.timeouts) -------------------------------------
+    def _until_next_deadline(self) -> float:
+        return max(self._next_deadline - time.monotonic(), 0.0)
+
+    def _enforce_timeouts(self) -> None:
+        """Fail the runs past their deadline (``JobTimeout``), stop them, free their slots.
+
+        Main thread only; costs a comparison until the nearest deadline is due.
+        """
+        now = time.monotonic()
+        if now < self._next_deadline:
+            return
+        with self._lock:
+            watched = [
+                f
+                for f in self._flights.values()
+                if isinstance(f, InFlight) and f.deadline is not None and not f.timed_out
+            ]
+        self._next_deadline = 0.0  # until this pass is through: an error retries it
+        for flight in watched:
+            if flight.deadline is not None and flight.deadline <= now and not flight.done:
+                time_out_flight(flight)
+                self._abandon(flight)
+        self._next_deadline = min(
+            (f.deadline for f in watched if f.deadline and not (f.timed_out or f.done)),
+            default=math.inf,
+        )
+
+    def _enforce_timeouts_safely(self) -> None:
+        try:
+            self._enforce_timeouts()
+        except Exception as error:  # noqa: BLE001 - during shutdown, keep draining
+            log.warning("worker.timeouts_failed error=%s", error)
+            reset_connection()
+
+    def _abandon(self, flight: InFlight) -> None:
+        """Give the timed-out run's slot to new work and its place in the pool to a new thread.
+
+        Not if the run has returned meanwhile (its outcome is being written,
+        fenced), nor past ``concurrency`` abandoned runs: then it keeps its slot.
+        """
+        key = flight.job.id
+        with self._lock:
+            if flight.done or self._flights.get(key) is not flight:
+                return
+            if len(self._abandoned) >= self.config.concurrency:
+                log.warning(
+                    "job.timeout_slot_kept job_id=%s (already %d abandoned runs; "
+                    "the slot is freed when this run returns)",
+                    key,
+                    len(self._abandoned),
+                )
+                return
+            flight.abandoned = time.monotonic()
+            del self._flights[key]
+            self._abandoned[key] = flight
+        self._pool.add_thread()
+        self._report_abandoned()
+
+    def _report_abandoned(self) -> None:
+        with self._lock:
+            since = min((f.abandoned for f in self._abandoned.values()), default=0.0)
+        report_abandoned(since)
+
     # --- execution and completion ------------------------------------------------
     def _execute(self, key: object, flight: Flight) -> None:
         try:
             if isinstance(flight, InFlight):
+                flight.thread_id = threading.get_ident()
                 outcome = self._runner.run(flight)
-                if outcome.completion is not None:
-                    with self._lock:
+                with self._lock:
+                    flight.done = True
+                    if flight.abandoned:  # timed out: its slot went on long ago
+                        self._abandoned.pop(key, None)
+                    elif outcome.completion is not None:
                         self._completions.append(outcome.completion)
-                    return
-            else:
-                run_message(flight)
+                    else:
+                        self._flights.pop(key, None)
+                if flight.abandoned:
+                    self._report_abandoned()
+                return
+            run_message(flight)
             with self._lock:
                 self._flights.pop(key, None)
         finally:

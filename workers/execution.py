@@ -43,6 +43,7 @@ log = logging.getLogger("workers")
 # Why a flight's ``cancel`` was set, when the worker itself set it: the run's
 # log line then says what happened instead of ``job.cancelled``.
 STOP_SHUTDOWN = "shutdown"
+STOP_TIMEOUT = "timeout"
 
 
 @dataclass
@@ -50,9 +51,21 @@ class InFlight:
     job: ClaimedJob
     cancel: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
-    # Set before ``cancel`` by the worker (``STOP_SHUTDOWN``); empty when an
-    # operator's cancel or a lost lease stopped the run.
+    # Set before ``cancel`` by the worker (``STOP_SHUTDOWN``, ``STOP_TIMEOUT``);
+    # empty when an operator's cancel or a lost lease stopped the run.
     stop_reason: str = ""
+    # Per-job timeouts (``workers.timeouts``): the monotonic deadline, the
+    # thread running it, and what the worker did about it. ``done`` and
+    # ``abandoned`` change under the worker's lock only.
+    deadline: float | None = None
+    thread_id: int | None = None
+    timed_out: bool = False
+    done: bool = False
+    abandoned: float = 0.0  # when the worker gave up on the run (monotonic); 0: it did not
+
+    def __post_init__(self) -> None:
+        if self.job.timeout_seconds:
+            self.deadline = self.started + self.job.timeout_seconds
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ machine) and rescues their jobs at once rather than at lease expiry.
 Each pass (``run_once``) handles, in order: workers whose heartbeat went
 silent (their jobs are treated as expired leases, the rows removed), expired
 leases (requeued up to ``MAX_LEASE_REQUEUES``, then failed), jobs past the
-hard timeout that also stopped writing events, retention, and the purge of
+hard timeout that also stopped writing events, jobs past their own
+``timeout_seconds`` by ``TIMEOUT_GRACE_SECONDS`` (``jobs.timeouts``), retention, and the purge of
 batch messages left by finished parents. Periodic schedules
 (``jobs.schedules``) fire first in each pass and, between passes, as each
 falls due; the code's schedules are synced at the first pass. Every rescue is a guarded UPDATE
@@ -35,6 +36,7 @@ from jobs.queue_limits import apply_configured_queues
 from jobs.rescues import fail_timed_out, requeue_expired_leases
 from jobs.schedules.declared import sync_code_schedules
 from jobs.schedules.firing import FireTimer, fire_due_schedules, prune_fires
+from jobs.timeouts import fail_overdue_jobs
 from workers.config import ReaperConfig
 from workers.liveness import LivenessWatch, forget_lost_workers, workers_without_liveness
 from workers.resilience import backoff_delay, is_transient, reset_connection, with_db_retry
@@ -180,6 +182,12 @@ class Reaper:
             failed = fail_timed_out(
                 timeout_seconds=c.timeout_seconds, stall_seconds=c.stall_seconds, limit=c.batch_size
             )
+            result.timed_out += len(failed)
+            if len(failed) < c.batch_size:
+                break
+        # Per-job timeouts whose worker did not act (jobs.timeouts).
+        for _ in range(ROUNDS_PER_PASS):
+            failed = fail_overdue_jobs(grace_seconds=c.timeout_grace_seconds, limit=c.batch_size)
             result.timed_out += len(failed)
             if len(failed) < c.batch_size:
                 break

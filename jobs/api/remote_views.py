@@ -215,6 +215,8 @@ def claimed_json(job: ClaimedJob) -> dict[str, Any]:
         "parent": str(job.parent_id) if job.parent_id else None,
         "status": "running",
         "lease_token": str(job.lease_token),
+        # The client's context reports cancelled once this many seconds have passed.
+        "timeout_seconds": job.timeout_seconds,
     }
 
 
@@ -240,6 +242,7 @@ def heartbeat_worker(request: Request, worker_id: Any) -> Response:  # PATCH /wo
             "held": [str(i) for i in result.held],
             "lost": [str(i) for i in result.lost],
             "cancelled": [str(i) for i in result.cancelled],
+            "timed_out": [str(i) for i in result.timed_out],
         }
     )
 

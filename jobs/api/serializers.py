@@ -352,6 +352,10 @@ class HeartbeatResultSerializer(RemoteWorkerSerializer):
     held = serializers.ListField(child=serializers.UUIDField())
     lost = serializers.ListField(child=serializers.UUIDField())
     cancelled = serializers.ListField(child=serializers.UUIDField())
+    timed_out = serializers.ListField(
+        child=serializers.UUIDField(),
+        help_text="Held jobs past their timeout_seconds, failed with JobTimeout (also in lost).",
+    )
 
 
 class DisconnectResultSerializer(serializers.Serializer):
@@ -372,6 +376,9 @@ class ClaimedJobSerializer(serializers.Serializer):
     parent = serializers.UUIDField(allow_null=True)
     status = serializers.ChoiceField(choices=["running"])
     lease_token = serializers.UUIDField(help_text="Send it with every call on this job.")
+    timeout_seconds = serializers.FloatField(
+        allow_null=True, help_text="Seconds the run may take; past them the job is failed."
+    )
 
 
 class ClaimResultSerializer(serializers.Serializer):

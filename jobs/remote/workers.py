@@ -55,6 +55,8 @@ class HeartbeatResult:
     lost: list[uuid.UUID]
     cancelled: list[uuid.UUID]
     worker: Worker  # as of this heartbeat (``last_heartbeat`` included)
+    # Held jobs this heartbeat found past their timeout and failed (``JobTimeout``); in ``lost``.
+    timed_out: list[uuid.UUID]
 
 
 def get_remote_worker(worker_id: uuid.UUID | str, *, user: Any) -> Worker:
@@ -280,18 +282,23 @@ def heartbeat(
 
     ``held`` is what the client believes it runs; without it, the server's
     view is used. The result names the jobs the worker must stop (``lost``:
-    reaped, requeued or cancelled; ``cancelled`` is the subset an operator
-    cancelled), so a client never keeps working on a job it no longer holds.
+    reaped, requeued, cancelled or timed out; ``cancelled`` is the subset an
+    operator cancelled, ``timed_out`` the held jobs this heartbeat found past
+    their ``timeout_seconds`` and failed with ``JobTimeout``), so a client
+    never keeps working on a job it no longer holds.
     A held job another account's worker claimed is ``LeaseNotYours`` (403):
     nothing is extended, not even this worker's heartbeat.
     """
     from jobs.claims import extend_leases
+    from jobs.timeouts import fail_overdue_jobs
 
     worker = get_remote_worker(worker_id, user=user)
     pairs = list(held) if held is not None else held_jobs(worker.pk)
     foreign = held_by_other_accounts(pairs, user=user)
     if foreign:
         raise LeaseNotYours(foreign)
+    # A held job past its deadline is failed first (``job.timeout``), so it is lost below.
+    timed_out = fail_overdue_jobs(held=pairs, by="heartbeat") if pairs else []
     lost = extend_leases(
         worker_id=worker.pk, held=pairs, lease_seconds=float(knob("LEASE_SECONDS"))
     )
@@ -303,7 +310,11 @@ def heartbeat(
     kept = [job_id for job_id, _ in pairs if job_id not in lost]
     worker.last_heartbeat = timezone.now()  # what extend_leases just wrote, to the millisecond
     return HeartbeatResult(
-        held=kept, lost=sorted(lost, key=str), cancelled=sorted(cancelled, key=str), worker=worker
+        held=kept,
+        lost=sorted(lost, key=str),
+        cancelled=sorted(cancelled, key=str),
+        worker=worker,
+        timed_out=sorted(timed_out, key=str),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,11 @@ class ClaimedJob:
     is cancelled or lost (requeued, reaped) they raise ``JobCancelledError``
     or ``LeaseLostError``, and ``cancelled`` turns true (the heartbeat also
     notices it), so a long operation should check it now and then.
+
+    A job with ``timeout_seconds`` counts as cancelled once that long has
+    passed since its claim (``lost_reason`` ``"timed_out"``): the server
+    fails it with ``JobTimeout`` at the worker's next heartbeat (or the
+    reaper does) and records nothing the worker sends about it afterwards.
     """
 
     id: str
@@ -90,9 +96,16 @@ class ClaimedJob:
     max_attempts: int
     lease_token: str
     parent: str | None = None
+    timeout_seconds: float | None = None
     _manager: JobManager | None = field(default=None, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     lost_reason: str | None = field(default=None, repr=False)
+    # ``time.monotonic()`` at which ``timeout_seconds`` run out (None: no timeout).
+    _deadline: float | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.timeout_seconds and self._deadline is None:
+            self._deadline = time.monotonic() + float(self.timeout_seconds)
 
     @classmethod
     def from_json(cls, data: dict[str, Any], manager: JobManager | None = None) -> ClaimedJob:
@@ -105,24 +118,38 @@ class ClaimedJob:
             max_attempts=int(data.get("max_attempts", 1)),
             lease_token=str(data["lease_token"]),
             parent=data.get("parent"),
+            timeout_seconds=data.get("timeout_seconds"),
             _manager=manager,
         )
 
     # --- cancellation -------------------------------------------------------
     @property
     def cancelled(self) -> bool:
-        """True once the job was cancelled or this worker lost it: stop working on it."""
-        return self._stop.is_set()
+        """True once the job was cancelled, timed out or lost: stop working on it."""
+        return self._stop.is_set() or self.timed_out
+
+    @property
+    def timed_out(self) -> bool:
+        """True once ``timeout_seconds`` have passed since the claim."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            self.mark_lost("timed_out")
+            return True
+        return self.lost_reason == "timed_out"
 
     def raise_if_cancelled(self) -> None:
+        if self.timed_out:
+            raise JobCancelledError(409, f"Job {self.id} ran past its timeout; stop working on it.")
         if self.lost_reason == "cancelled":
             raise JobCancelledError(409, f"Job {self.id} was cancelled; stop working on it.")
         if self._stop.is_set():
             raise LeaseLostError(409, f"Job {self.id} is no longer held by this worker.")
 
     def wait_cancelled(self, timeout: float) -> bool:
-        """Sleep up to ``timeout`` seconds, waking early on cancellation. True if cancelled."""
-        return self._stop.wait(timeout)
+        """Sleep up to ``timeout`` seconds, waking early on cancellation or the job's
+        timeout. True if cancelled."""
+        if self._deadline is not None:
+            timeout = min(timeout, max(self._deadline - time.monotonic(), 0.0))
+        return self._stop.wait(timeout) or self.cancelled
 
     def mark_lost(self, reason: str) -> None:
         self.lost_reason = self.lost_reason or reason

@@ -196,8 +196,10 @@ class JobManager:
             self._register_again(worker_id)
             return self.info
         cancelled = set(reply.get("cancelled", []))
+        timed_out = set(reply.get("timed_out", []))
         for job_id in reply.get("lost", []):
-            self.forget(job_id, "cancelled" if job_id in cancelled else "lost")
+            reason = "cancelled" if job_id in cancelled else "lost"
+            self.forget(job_id, "timed_out" if job_id in timed_out else reason)
         return reply
 
     def _register_again(self, gone_id: str | None) -> None:
@@ -341,6 +343,11 @@ class JobManager:
     def _report(
         self, job: ClaimedJob, action: str, body: dict[str, Any], *, keep: bool = False
     ) -> str | None:
+        if job.timed_out:
+            # Too late: the server fails it (JobTimeout) at the next heartbeat, which
+            # must still name it, so it stays held until then.
+            log.warning("job %s: %s not sent: the job ran past its timeout", job.id, action)
+            return None
         try:
             reply = self._request(
                 "POST", f"/jobs/{job.id}/{action}", {"lease_token": job.lease_token, **body}

@@ -109,7 +109,8 @@ class AutoServe:
             outcome = self._dispatch(job)
         except LeaseLostError as error:
             log.info("job %s stopped: %s", job.id, error.message)
-            m.forget(job.id, "lost")
+            if not job.timed_out:  # a timed-out job stays held until the heartbeat settles it
+                m.forget(job.id, "lost")
             return
         except Exception as error:  # noqa: BLE001 - the operation's failure is the job's
             failure = error
