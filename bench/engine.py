@@ -58,8 +58,14 @@ TARGETS = {
 class EngineSystem(QueueSystem):
     """Our control plane: Django in this process, ``manage.py runworker`` for workers."""
 
-    def __init__(self, project: Path, database: str, concurrency: int) -> None:
-        self.name = f"engine k{concurrency}"
+    def __init__(
+        self, project: Path, database: str, concurrency: int, *, rollup: bool = False
+    ) -> None:
+        # With ``rollup`` a reaper runs beside the workers during every drain and
+        # rolls the metrics up as fast as it can (settle 0 s, a pass every 0.5 s):
+        # the drain's price for issue 16's rollup, measured in the same run.
+        self.rollup = rollup
+        self.name = f"engine k{concurrency}" + (" +rollup" if rollup else "")
         self.concurrency = concurrency
         self.cwd = project
         self.database = database
@@ -132,13 +138,18 @@ class EngineSystem(QueueSystem):
         ]
         if processes > 1:
             argv += ["--processes", str(processes)]
+        if self.rollup:
+            return [argv, [python(), "manage.py", "reaper", "--interval", "0.5"]]
         return [argv]
 
     def worker_env(self, poll: float) -> dict[str, str]:
-        return {
+        env = {
             "DATABASE_URL": self.url,
             "CONTROLPLANE_POLL_SECONDS": str(poll),
         }
+        if self.rollup:
+            env["CONTROLPLANE_METRICS_SETTLE_SECONDS"] = "0"
+        return env
 
     def workers_ready(self, group: WorkerGroup, processes: int) -> bool:
         return self.sql("SELECT count(*) FROM controlplane_worker")[0][0] >= processes
@@ -671,11 +682,18 @@ def main() -> None:
         help="the project to measure (a scratch copy for A/B runs)",
     )
     parser.add_argument("--database", default="bench_engine")
+    parser.add_argument(
+        "--rollup",
+        action="store_true",
+        help="also drain with a reaper rolling up metrics beside the workers (issue 16: <= 5%%)",
+    )
     args = parser.parse_args()
     process_counts = [int(p) for p in args.processes.split(",") if p.strip()]
     ks = [int(k) for k in args.concurrency.split(",") if k.strip()]
 
     engines = [EngineSystem(args.project.resolve(), args.database, k) for k in ks]
+    if args.rollup:
+        engines.append(EngineSystem(args.project.resolve(), args.database, ks[-1], rollup=True))
     engines[0].setup()
     systems: list[tuple[QueueSystem, int, list[int]]] = [
         (e, args.jobs, process_counts) for e in engines
@@ -703,6 +721,16 @@ def main() -> None:
         for system, jobs, counts in systems:
             run_system(system, args, results[system.name], process_counts=counts, jobs=jobs)
     report(results, [e.name for e in engines])
+    if args.rollup:
+        plain, rolled = results[engines[-2].name], results[engines[-1].name]
+        print("\n== Drain with the metrics rollup beside it (median jobs/s, ratio to without) ==")
+        for p in process_counts:
+            key = f"drain_{p}"
+            base, with_rollup = median(plain.get(key, [])), median(rolled.get(key, []))
+            print(
+                f"  {p} process(es): {base:,.0f} without, {with_rollup:,.0f} with: "
+                f"{with_rollup / base:.3f} (goal >= 0.95)"
+            )
     if args.big:
         engine = max(engines, key=lambda e: e.concurrency)
         big_check(engine, args, median(results[engine.name].get("drain_2", [])) or None)
