@@ -34,6 +34,8 @@ class ClaimedJob:
     expired: bool
     # Seconds this run may take (``Job.timeout_seconds``); None: no per-job timeout.
     timeout_seconds: float | None = None
+    # The enqueuer's trace context (``Job.trace_context``): the run span's parent.
+    trace_context: dict[str, str] | None = None
 
 
 # --- claim ----------------------------------------------------------------
@@ -41,7 +43,7 @@ class ClaimedJob:
 _RETURNING = (
     "RETURNING id, operation, queue, payload, attempts, max_attempts, parent_id, "
     "lease_token, last_event_seq, (expires_at IS NOT NULL AND expires_at <= %s) AS expired, "
-    "timeout_seconds"
+    "timeout_seconds, trace_context"
 )
 _STARTED_EVENT = (
     "SELECT id, last_event_seq, %s, 'job.started', 'info', '', "
@@ -143,6 +145,7 @@ def _claimed(d: Any, r: Sequence[Any]) -> ClaimedJob:
         lease_token=d.read_uuid(r[7]),
         expired=bool(r[9]),
         timeout_seconds=r[10],
+        trace_context=d.read_json(r[11]),
     )
 
 
@@ -453,8 +456,8 @@ def complete_and_claim(
         f"WITH done AS ({done}, v.column6 AS duration_ms), claimed AS ({claim}), "
         f"ev AS (INSERT INTO {_EVENT_COLUMNS} {_SUCCEEDED_EVENT} UNION ALL {_STARTED_EVENT}) "
         "SELECT id, operation, queue, payload, attempts, max_attempts, parent_id, lease_token, "
-        "last_event_seq, expired, timeout_seconds FROM claimed UNION ALL "
-        "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done"
+        "last_event_seq, expired, timeout_seconds, trace_context FROM claimed UNION ALL "
+        "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done"
     )
     with connections[using].cursor() as cursor:
         cursor.execute(sql, [*done_params, *claim_params, d.ts(now), d.ts(now), str(worker_id)])

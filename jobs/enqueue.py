@@ -11,6 +11,10 @@ INSERT skips it (``ON CONFLICT DO NOTHING``, the database's unique index
 decides, so concurrent enqueues make one job) and the holder is returned
 with ``duplicate`` set (``jobs.uniqueness``). Jobs without a key cost no
 extra query.
+
+Inside a traced context (``jobs.tracing``) the call is one
+``controlplane.enqueue`` span and its trace context is stored with every job
+it makes, in the same INSERT; otherwise nothing is stored and no span made.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from jobs.key_holders import key_holders
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job
 from jobs.operations import operation_spec
 from jobs.storable import first_unstorable, text_problem
+from jobs.tracing import describe_enqueue, enqueue_span, tracing_on
 from jobs.uniqueness import DEFAULT_UNIQUE_WHILE, MAX_KEY_LENGTH, UniqueWhile
 from jobs.wakeups import NOTIFY_CHANNEL
 
@@ -45,7 +50,7 @@ JOB_COLUMNS = (
     "id, operation, queue, payload, status, priority, run_after, expires_at, attempts, "
     "max_attempts, lease_requeues, parent_id, progress_current, progress_total, error_code, "
     "error_message, created_at, unique_key, last_event_seq, last_event_at, unique_while, "
-    "timeout_seconds, schedule_id"
+    "timeout_seconds, schedule_id, trace_context"
 )
 # The longest per-job timeout: past it the reaper's global timeout is the better tool.
 MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
@@ -97,6 +102,8 @@ class _Row:
     unique_while: str | None
     timeout_seconds: float | None
     schedule_id: uuid.UUID | None = None
+    # The enqueue span's propagated context (jobs.tracing); None when not traced.
+    trace_context: dict[str, str] | None = None
 
 
 class _Batch:
@@ -329,6 +336,17 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
     index and field). A spec whose ``unique_key`` another job holds returns
     that job instead of a new one, with ``duplicate`` set to True.
     """
+    if not tracing_on():
+        return _enqueue_many(specs, using, None)
+    with enqueue_span(len(specs)) as carrier:
+        jobs = _enqueue_many(specs, using, carrier)
+        describe_enqueue(jobs)
+        return jobs
+
+
+def _enqueue_many(
+    specs: Sequence[JobSpec], using: str, trace_context: dict[str, str] | None
+) -> list[Job]:
     now = timezone.now()
     batch = _Batch(int(knob("MAX_PAYLOAD_BYTES")), now, len(specs))
     rows: list[_Row] = []
@@ -344,6 +362,9 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
         if all(name.endswith("parent") for name in errors):
             raise EnqueueError("The job was not enqueued: its parent does not exist.", errors)
         raise EnqueueError("The job was not enqueued: fix the fields named in 'errors'.", errors)
+    if trace_context is not None:
+        for row in rows:
+            row.trace_context = trace_context
     parents = {r.parent_id for r in rows if r.parent_id}
     if parents:
         found = set(Job.objects.using(using).filter(pk__in=parents).values_list("pk", flat=True))
@@ -430,6 +451,7 @@ def _job(row: _Row, now: datetime, using: str) -> Job:
     values["unique_while"] = row.unique_while
     values["timeout_seconds"] = row.timeout_seconds
     values["schedule_id"] = row.schedule_id
+    values["trace_context"] = row.trace_context
     state = values["_state"] = _new_state(ModelState)
     state.db = using
     state.adding = False
@@ -478,10 +500,10 @@ POSTGRES_INSERT = (
     f"WITH ins AS (INSERT INTO controlplane_job ({JOB_COLUMNS}) "
     "SELECT u.id, u.operation, u.queue, u.payload, 'queued', u.priority, u.run_after, "
     "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %s, u.ukey, 1, %s, "
-    "u.uwhile, u.timeout, u.schedule FROM jsonb_to_recordset(%s::jsonb) AS u(id uuid, "
+    "u.uwhile, u.timeout, u.schedule, u.trace FROM jsonb_to_recordset(%s::jsonb) AS u(id uuid, "
     "operation text, queue text, payload jsonb, priority int, run_after timestamptz, "
     "expires_at timestamptz, max_attempts int, parent uuid, ukey text, uwhile text, "
-    "timeout float8, schedule uuid) "
+    "timeout float8, schedule uuid, trace jsonb) "
     f"{INSERT_CONFLICT} RETURNING id) "
     f"INSERT INTO controlplane_jobevent ({EVENT_COLUMNS}) "
     "SELECT ins.id, 1, %s, 'job.enqueued', 'info', '', '{}'::jsonb FROM ins "
@@ -506,7 +528,7 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
             return {r[0] for r in cursor.fetchall()}
         values = (
             "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s, "
-            "%s, %s, %s)"
+            "%s, %s, %s, %s)"
         )
         params: list[Any] = []
         created = d.ts(now)
@@ -527,6 +549,7 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
                 r.unique_while,
                 r.timeout_seconds,
                 d.uuid(r.schedule_id),
+                d.json(r.trace_context) if r.trace_context is not None else None,
             ]
         cursor.execute(
             f"INSERT INTO controlplane_job ({JOB_COLUMNS}) "
@@ -577,7 +600,12 @@ def _rows_document(rows: list[_Row]) -> str:
 
 def _extras(row: _Row, dumps: Any) -> str:
     """The optional columns of one row's JSON (``,"key":value`` each), empty for most jobs."""
-    if row.unique_key is None and row.timeout_seconds is None and row.schedule_id is None:
+    if (
+        row.unique_key is None
+        and row.timeout_seconds is None
+        and row.schedule_id is None
+        and row.trace_context is None
+    ):
         return ""
     out = ""
     if row.unique_key is not None:
@@ -586,4 +614,6 @@ def _extras(row: _Row, dumps: Any) -> str:
         out += f',"timeout":{row.timeout_seconds!r}'
     if row.schedule_id is not None:
         out += f',"schedule":"{row.schedule_id}"'
+    if row.trace_context is not None:
+        out += f',"trace":{dumps(row.trace_context)}'
     return out

@@ -144,6 +144,9 @@ class Job(models.Model):
         related_name="jobs",
         db_index=False,
     )
+    # The enqueuer's OpenTelemetry context ({"traceparent": …, "tracestate": …}),
+    # the parent of each run's span (jobs.tracing); NULL when nothing was traced.
+    trace_context = models.JSONField(null=True, blank=True)
     # Unique jobs (jobs.uniqueness): NULL, not "", when unkeyed; the partial
     # unique index job_unique_key_held covers only rows that hold their key.
     unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001

@@ -35,6 +35,7 @@ from jobs.independent import independent_connection
 from jobs.logging_json import state_line_level
 from jobs.operations import JobContext, Operation, OperationRegistry, OperationResult
 from jobs.storable import first_unstorable, text_problem
+from jobs.tracing import end_run, run_span
 from workers.resilience import describe, is_outage, reset_connection, with_db_retry
 
 log = logging.getLogger("workers")
@@ -187,6 +188,20 @@ class JobRunner:
         self.post_handle = post_handle
 
     def run(self, flight: InFlight) -> Outcome:
+        """Run one claimed job inside its ``controlplane.run`` span (``jobs.tracing``).
+
+        The span's parent is the enqueuer's stored context; it ends with the
+        run's outcome, before a batched success is written.
+        """
+        with run_span(flight.job) as span:
+            outcome = self._run_and_log(flight)
+            if span is not None:
+                end_run(
+                    span, outcome.status, outcome.error, outcome.error_code, outcome.error_message
+                )
+            return outcome
+
+    def _run_and_log(self, flight: InFlight) -> Outcome:
         job = flight.job
         try:
             outcome = self._run(flight)

@@ -217,6 +217,8 @@ def claimed_json(job: ClaimedJob) -> dict[str, Any]:
         "lease_token": str(job.lease_token),
         # The client's context reports cancelled once this many seconds have passed.
         "timeout_seconds": job.timeout_seconds,
+        # The enqueuer's trace context ({"traceparent": …}): the parent of the run's span.
+        "trace_context": job.trace_context,
     }
 
 

@@ -379,6 +379,12 @@ class ClaimedJobSerializer(serializers.Serializer):
     timeout_seconds = serializers.FloatField(
         allow_null=True, help_text="Seconds the run may take; past them the job is failed."
     )
+    trace_context = serializers.DictField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="The enqueuer's trace context (W3C traceparent, tracestate): "
+        "continue it as the parent of the run's span. Null when the enqueue was not traced.",
+    )
 
 
 class ClaimResultSerializer(serializers.Serializer):

@@ -97,6 +97,9 @@ class ClaimedJob:
     lease_token: str
     parent: str | None = None
     timeout_seconds: float | None = None
+    # The enqueuer's trace context ({"traceparent": …}); ``controlplane_client.tracing``
+    # continues it as the parent of the run's span.
+    trace_context: dict[str, str] | None = None
     _manager: JobManager | None = field(default=None, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     lost_reason: str | None = field(default=None, repr=False)
@@ -119,6 +122,7 @@ class ClaimedJob:
             lease_token=str(data["lease_token"]),
             parent=data.get("parent"),
             timeout_seconds=data.get("timeout_seconds"),
+            trace_context=data.get("trace_context"),
             _manager=manager,
         )
 

@@ -13,6 +13,7 @@ import httpx
 
 from controlplane_client.api import ApiError, LeaseLostError
 from controlplane_client.jobs import ClaimedJob, Deferred
+from controlplane_client.tracing import run_traced
 
 if TYPE_CHECKING:
     from controlplane_client.manager import JobManager
@@ -95,6 +96,10 @@ class AutoServe:
 
     # --- one job ----------------------------------------------------------------
     def _dispatch(self, job: ClaimedJob) -> Any:
+        """Run the job's handler, inside its run span when OpenTelemetry is installed."""
+        return run_traced(job, self._call)
+
+    def _call(self, job: ClaimedJob) -> Any:
         m = self.manager
         if m.execute is not None:
             return m.execute(job)
