@@ -126,11 +126,13 @@ class ShutdownGuard:
         if not self.stopping.is_set():
             self.request(reason)
         if not self.hurry.is_set():
+            # ``hurry`` before ``hurried_at``: the drain ends as soon as the deadline
+            # moves, and must then already see why (the requeue's reason reads it).
+            self.hurry.set()
             self.hurried_at = time.monotonic()
             log.warning(
                 "worker.grace_skipped reason=%s: requeueing in-flight jobs and exiting", reason
             )
-            self.hurry.set()
             self._changed.set()
         else:
             log.warning("worker.already_exiting reason=%s", reason)
