@@ -4,7 +4,8 @@ Fills a separate database (default ``bench_dash``) with ``--jobs`` jobs and
 three events for most of them using ``generate_series``: a week of history
 at a steady rate (mostly succeeded, some failed and cancelled), a backlog in
 one paused queue, a few hundred running jobs (some held by a dead worker),
-reaper events in the last hour and one job with a long timeline. Then it
+reaper events in the last hour and one job with a long timeline, and the
+metrics rollup of those jobs (minutes, folded quarters and hours). Then it
 times every dashboard page through Django's test client logged in as an
 operator (routing, session auth, the statement timeout, the queries and the
 template rendering; no socket) and prints p50/p95 per page for each run and
@@ -233,10 +234,52 @@ def fill(args: argparse.Namespace) -> dict:
             cursor.execute("VACUUM ANALYZE controlplane_job")
             cursor.execute("VACUUM ANALYZE controlplane_jobevent")
         print(f"  filled in {time.perf_counter() - started:.0f} s", flush=True)
+    fill_metrics()
     user, _ = User.objects.get_or_create(username="bench-operator", defaults={"is_superuser": True})
     running = Job.objects.filter(status="running").order_by("-created_at").first()
     finished = Job.objects.filter(status="failed").order_by("-created_at").first()
     return {"user": user, "running": running.pk, "finished": finished.pk}
+
+
+def fill_metrics() -> None:
+    """The metrics rollup of those jobs, as the reaper would have written it, and its spans.
+
+    One row per minute, queue and operation with a start (about 480,000 rows for a
+    week of a million jobs over 48 pairs): a wait of 1 s and a run of 2 s each, the
+    fill's own timings. Then quarters and hours are folded as the reaper's passes would.
+    """
+    from django.db import connection
+    from django.utils import timezone
+
+    from jobs.metrics.spans import fold_metric_spans
+    from jobs.models import Job, JobEvent, MetricRollup, MetricSpan
+
+    if MetricRollup.objects.exists():
+        return
+    started = time.perf_counter()
+    wait = ", ".join("count(*)" if i == 7 else "0" for i in range(19))  # (0.5 s, 1 s]
+    run = ", ".join("count(*)" if i == 8 else "0" for i in range(19))  # (1 s, 2.5 s]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {MetricRollup._meta.db_table} (minute, queue, operation, started, "
+            "succeeded, failed, retried, cancelled, lease_expiries, rescues, "
+            "wait_bucket_counts, wait_sum, run_bucket_counts, run_sum) "
+            "SELECT date_trunc('minute', started_at), queue, operation, count(*), "
+            "count(*) FILTER (WHERE status = 'succeeded'), "
+            "count(*) FILTER (WHERE status = 'failed'), 0, 0, 0, 0, "
+            f"jsonb_build_array({wait}), count(*) * 1.0, jsonb_build_array({run}), count(*) * 2.0 "
+            f"FROM {Job._meta.db_table} WHERE started_at IS NOT NULL GROUP BY 1, 2, 3"
+        )
+        cursor.execute(f"VACUUM ANALYZE {MetricRollup._meta.db_table}")
+    last = JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    while fold_metric_spans(cutoff=timezone.now(), read_upto=last):
+        pass
+    print(
+        f"  metrics: {MetricRollup.objects.count():,} minute rows, "
+        f"{MetricSpan.objects.count():,} quarter and hour rows in "
+        f"{time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
 
 
 # --- timing --------------------------------------------------------------------------
@@ -267,6 +310,12 @@ def pages(ids: dict) -> list[tuple[str, str]]:
         ("job live poll", f"/dashboard/jobs/{ids['running']}/live/?after=5000"),
         ("workers", "/dashboard/workers/"),
         ("queues", "/dashboard/queues/"),
+        ("queues, charts of 30 d", "/dashboard/queues/?window=30d"),
+        ("metrics, 1 h", "/dashboard/metrics/?window=1h"),
+        ("metrics, 24 h", "/dashboard/metrics/?window=24h"),
+        ("metrics, 7 d", "/dashboard/metrics/?window=7d"),
+        ("metrics, 30 d", "/dashboard/metrics/?window=30d"),
+        ("metrics, 30 d, one queue", "/dashboard/metrics/?window=30d&queue=emails"),
     ]
 
 

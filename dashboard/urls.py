@@ -3,7 +3,7 @@
 from django.urls import path
 from django.views.generic import RedirectView
 
-from dashboard.views import actions, jobs, operations, pages, schedules
+from dashboard.views import actions, jobs, metrics, operations, pages, schedules
 
 app_name = "dashboard"
 
@@ -13,6 +13,7 @@ urlpatterns = [
     path("dashboard/", pages.overview, name="overview"),
     path("dashboard/workers/", pages.workers, name="workers"),
     path("dashboard/queues/", pages.queues, name="queues"),
+    path("dashboard/metrics/", metrics.metrics, name="metrics"),
     path("dashboard/operations/", operations.operations, name="operations"),
     path("dashboard/operations/enqueue/", operations.enqueue, name="operations-enqueue"),
     path("dashboard/schedules/", schedules.schedule_list, name="schedules"),

@@ -539,6 +539,31 @@ class MetricTotal(MetricCounts):
         return f"{self.queue} {self.operation}"
 
 
+class MetricSpan(MetricCounts):
+    """A quarter of an hour or an hour of one queue and operation: its minutes summed
+    once it is final (``jobs.metrics.spans``), pruned with the minutes.
+
+    The dashboard's 24 hour charts read quarters and its 7 and 30 day charts
+    hours instead of 15 or 60 minute rows each; spans not folded yet are read
+    from the minutes. The unique (span_seconds, start, queue, operation) index
+    serves the charts' ranges and the newest folded span.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    span_seconds = models.PositiveIntegerField()
+    start = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["span_seconds", "start", "queue", "operation"], name="metricspan_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.start:%Y-%m-%d %H:%M} +{self.span_seconds}s {self.queue} {self.operation}"
+
+
 class MetricCursor(models.Model):
     """How far the rollup has read the events table (its watermark), one row per stream.
 

@@ -10,4 +10,7 @@
   in a process, so any number of workers on any number of machines, restarts
   included, add up to the same figures.
 - ``jobs.metrics.buckets``: the histograms' fixed bucket bounds.
+- ``jobs.metrics.series``: the dashboard's charts, per window, queue and
+  operation, read from the minutes and from the quarters and hours
+  ``jobs.metrics.spans`` folds them into (SQL in ``jobs.metrics.grouping``).
 """

@@ -31,6 +31,10 @@ on a success, otherwise from the run's ``job.started`` (the job's
 ``started_at`` while it is that run's, else that event). A deferred parent's
 run lasts until it closes.
 
+After the minutes, each call folds the quarters and hours that have become
+final into ``MetricSpan`` rows for the dashboard's longer charts
+(``jobs.metrics.spans``).
+
 Exactly once with any number of reapers: a batch is read without locks, then
 written in one transaction that first moves the watermark with a
 conditional UPDATE (``WHERE last_event_id = <where we started>``); a reaper
@@ -63,6 +67,7 @@ from django.utils import timezone
 
 from jobs.conf import knob
 from jobs.metrics import buckets
+from jobs.metrics.spans import fold_metric_spans, prune_metric_spans
 from jobs.models import Job, JobEvent, MetricCursor, MetricRollup, MetricTotal
 
 EVENTS_CURSOR = "events"
@@ -156,6 +161,7 @@ class RollupResult:
     batches: int = 0  # batches written
     caught_up: bool = False  # read up to the settled end of the events table
     lost_race: bool = False  # another reaper wrote a batch this one had read
+    spans: int = 0  # quarter-hour and hour rows folded from final minutes (jobs.metrics.spans)
 
 
 def roll_up_metrics(
@@ -194,6 +200,7 @@ def roll_up_metrics(
         after = batch.upto
         if time.monotonic() > deadline:
             break
+    result.spans = fold_metric_spans(cutoff=cutoff, read_upto=after)
     return result
 
 
@@ -401,7 +408,8 @@ def _save(model: Any, existing: dict[Any, Any], sums: dict[Any, Sums], identity:
 def prune_metric_rollups(
     *, now: datetime | None = None, limit: int = 1000, rounds: int = 10
 ) -> int:
-    """Delete minute rows older than ``METRICS_RETENTION_DAYS``, at most ``rounds`` x ``limit``.
+    """Delete minute (and span) rows older than ``METRICS_RETENTION_DAYS``, at most
+    ``rounds`` x ``limit`` of each.
 
     The all-time totals stay: counters never go down. Several reapers may
     prune at once (the DELETE repeats the age condition).
@@ -421,4 +429,4 @@ def prune_metric_rollups(
         deleted += n
         if len(ids) < limit:
             break
-    return deleted
+    return deleted + prune_metric_spans(cutoff=cutoff, limit=limit, rounds=rounds)

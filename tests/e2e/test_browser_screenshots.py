@@ -7,6 +7,7 @@ directory.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from datetime import timedelta
@@ -17,7 +18,19 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from jobs.claims import claim_jobs
-from jobs.models import Job, JobEvent, Queue, Schedule, ScheduleFire, Worker
+from jobs.metrics import buckets
+from jobs.metrics.rollup import EVENTS_CURSOR
+from jobs.models import (
+    Job,
+    JobEvent,
+    MetricCursor,
+    MetricRollup,
+    MetricTotal,
+    Queue,
+    Schedule,
+    ScheduleFire,
+    Worker,
+)
 from jobs.operations import operation, registry
 from jobs.schedules.firing import fire_due_schedules
 from jobs.schedules.services import create_schedule, pause_schedule, run_schedule_now
@@ -92,6 +105,7 @@ def _realistic_data() -> Job:
     Queue.objects.create(name="emails", concurrency_cap=20)
     _operator_history(now, finished[0])
     _schedules(now, alive.pk)
+    _metric_history(now, rng)
 
     star, held = running(
         {"model": "esm2-650M", "proteins": 12000, "batch_size": 1000},
@@ -239,6 +253,50 @@ def _schedules(now, worker_id) -> None:
             JobEvent.objects.filter(pk=event.pk).update(ts=at + timedelta(seconds=event.seq))
 
 
+# Per queue: (operation, jobs a minute, failure share, wait and run time bucket indexes).
+METRIC_MIX = {
+    "default": ("invoices.render", 14, 0.02, (3, 5), (6, 8)),
+    "emails": ("emails.send", 22, 0.04, (2, 4), (4, 6)),
+    "reports": ("reports.nightly", 2, 0.01, (5, 8), (11, 13)),
+}
+
+
+def _metric_history(now, rng: random.Random) -> None:
+    """A day of rollup minutes as the reaper would have written them: a daily swell, and
+    an incident on ``emails`` five hours ago (failures and waits up for 40 minutes)."""
+    now = now.replace(second=0, microsecond=0)
+    rows = []
+    for ago in range(1, 24 * 60):
+        swell = 1 + 0.5 * math.sin(2 * math.pi * (ago + 300) / 1440)
+        for queue, (op, rate, fail, wait, run) in METRIC_MIX.items():
+            incident = queue == "emails" and 280 <= ago <= 320
+            finished = max(0, round(rng.gauss(rate * swell, rate * 0.15)))
+            failed_n = sum(rng.random() < (0.3 if incident else fail) for _ in range(finished))
+            waits, runs = buckets.empty(), buckets.empty()
+            for _ in range(finished):
+                waits[rng.randint(*((9, 11) if incident else wait))] += 1
+                runs[rng.randint(*run)] += 1
+            rows.append(
+                MetricRollup(
+                    minute=now - timedelta(minutes=ago),
+                    queue=queue,
+                    operation=op,
+                    started=finished,
+                    succeeded=finished - failed_n,
+                    failed=failed_n,
+                    wait_bucket_counts=waits,
+                    run_bucket_counts=runs,
+                )
+            )
+    MetricRollup.objects.bulk_create(rows, batch_size=1000)
+    for queue, (op, *_) in METRIC_MIX.items():
+        MetricTotal.objects.create(queue=queue, operation=op)
+    last = JobEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    MetricCursor.objects.update_or_create(
+        name=EVENTS_CURSOR, defaults={"last_event_id": last, "rolled_up_at": now}
+    )
+
+
 def _heartbeats() -> None:
     """Live workers beat while the screenshots are taken (the test server's timeout is 3 s)."""
     Worker.objects.exclude(hostname="worker-us-3").update(last_heartbeat=timezone.now())
@@ -286,11 +344,16 @@ def test_screenshots_of_every_page(open_page, tmp_path) -> None:
     page.get_by_role("link", name="invoice-sweep").click()
     expect(page.locator("#schedule-history tbody tr").first).to_be_visible()
     shoot(page, "schedule-detail")
+    # Metrics: a day of the rollup, every queue; then one queue in the dark theme.
+    page.goto("/dashboard/metrics/?window=24h")
+    expect(page.locator("#metric-charts figure")).to_have_count(4)
+    shoot(page, "metrics")
 
     dark = open_page("viewer", username="grace", color_scheme="dark")
     for name, path in (
         ("overview-dark", "/dashboard/"),
         ("job-detail-dark", f"/dashboard/jobs/{star.pk}/"),
+        ("metrics-dark", "/dashboard/metrics/?window=24h&queue=emails"),
     ):
         _heartbeats()
         dark.goto(path)
