@@ -223,7 +223,9 @@ def test_the_reaper_s_scan_reads_running_rows_through_a_partial_index():
         cursor.execute("EXPLAIN " + scan)
         plan = "\n".join(r[0] for r in cursor.fetchall())
     assert "Seq Scan on controlplane_job" not in plan, plan
-    assert "job_running_lease_idx" in plan or "job_worker_idx" in plan, plan
+    # Which index depends on the table's statistics; each reads running rows only.
+    running_indexes = ("job_running_lease_idx", "job_worker_idx", "job_queue_status_idx")
+    assert any(name in plan for name in running_indexes), plan
 
 
 # --- runworker --processes ----------------------------------------------------------------
