@@ -19,8 +19,14 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.enqueue import enqueue
-from jobs.metrics import buckets
-from jobs.metrics.rollup import prune_metric_rollups, read_batch, roll_up_metrics, write_batch
+from jobs.metrics import buckets, rollup
+from jobs.metrics.rollup import (
+    Sums,
+    prune_metric_rollups,
+    read_batch,
+    roll_up_metrics,
+    write_batch,
+)
 from jobs.models import JobEvent, MetricCursor, MetricRollup, MetricTotal
 from jobs.schedules.services import create_schedule
 from jobs.transitions import cancel_job, complete_job, fail_job
@@ -247,6 +253,43 @@ def test_waits_and_runs_of_jobs_requeued_before_the_rollup_come_from_their_event
     waits, runs = zip(_true_waits_and_runs(one), _true_waits_and_runs(two), strict=True)
     assert total.wait_sum == pytest.approx(sum(waits), abs=1e-3)
     assert total.run_sum == pytest.approx(sum(runs), abs=1e-3)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL sums in SQL")
+def test_the_databases_sums_equal_the_row_by_row_sums(drain):
+    """On PostgreSQL the batch is summed in SQL; SQLite reads it row by row. Both must
+    place every event in the same minute, counter and histogram slot, durations that
+    fall exactly on a bucket bound (Prometheus ``le``) and past the last one included."""
+    queue = unique_queue()
+    workload(queue)
+    drain(queue)
+    queue = unique_queue()  # the later job of the workload stays queued there
+    for ms in (0, 5, 10, 7, 2500, 4_000_000):
+        job, held = running(queue=queue)
+        complete_job(job.pk, lease_token=held.lease_token, event_fields={"duration_ms": ms})
+    job, held = running(queue=queue)
+    complete_job(job.pk, lease_token=held.lease_token)  # no duration: from its start
+    _retry_then_succeed(*running(queue=queue, max_attempts=2))
+    cancel_job(running(queue=queue)[0].pk, reason="stop")
+    after = 0  # every event of the test
+    in_sql = read_batch(after, timezone.now())
+    assert in_sql is not None
+    by_rows = rollup.Batch(after=after, upto=in_sql.upto)
+    rollup._sum_in_python(by_rows)
+    assert in_sql.events == by_rows.events > 20
+    assert in_sql.sums.keys() == by_rows.sums.keys()
+    for key, sums in in_sql.sums.items():
+        other = by_rows.sums[key]
+        assert sums.wait_counts == other.wait_counts and sums.run_counts == other.run_counts
+        for name in (*rollup.COUNTERS,):
+            assert getattr(sums, name) == getattr(other, name), name
+        assert sums.wait_sum == pytest.approx(other.wait_sum, abs=1e-6)
+        assert sums.run_sum == pytest.approx(other.run_sum, abs=1e-6)
+    total = Sums()
+    for sums in in_sql.sums.values():
+        total = total.merged(sums)
+    assert total.run_counts[0] >= 2 and total.run_counts[1] >= 2  # 0 and 5 ms; 7 and 10 ms
+    assert total.run_counts[-1] == 1  # past the last bound
 
 
 def test_retention_prunes_minutes_but_never_the_counters(api_for):
