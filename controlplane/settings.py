@@ -28,7 +28,7 @@ ALLOWED_HOSTS = [
 ]
 
 INSTALLED_APPS = [
-    "daphne",  # runserver serves ASGI (WebSockets included)
+    "controlplane.apps.DevServerConfig",  # Daphne's runserver: ASGI, WebSockets; loads Daphne lazily
     # The control plane's apps, as a host project adds them (README).
     *CONTROLPLANE_APPS,
     "django.contrib.admin",

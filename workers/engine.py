@@ -212,12 +212,15 @@ class JobWorker:
         if connection.vendor == "postgresql" and not self.config.poll_only:
             self._listener = NotifyListener(self.config.queues, self.wake, worker_id=self.id)
             self._listener.start()
+        # The readiness line: the next statement is the first claim. ``start_cpu`` is the
+        # process's CPU so far (imports, set-up, registration): what a cold start costs.
         log.info(
-            "worker.started id=%s queues=%s concurrency=%d pid=%d",
+            "worker.started id=%s queues=%s concurrency=%d pid=%d start_cpu=%.2fs",
             self.id,
             ",".join(self.config.queues),
             self.config.concurrency,
             os.getpid(),
+            time.process_time(),
         )
         code = EXIT_GRACEFUL
         try:

@@ -4,6 +4,7 @@ import signal
 from django.core.management.base import BaseCommand
 
 from workers.config import ReaperConfig
+from workers.management import BACKEND_CHECKS
 from workers.reaper import Reaper
 
 
@@ -12,6 +13,7 @@ class Command(BaseCommand):
         "Requeue or fail jobs whose worker died, hung or went silent; apply retention; "
         "fire periodic schedules (any number of reapers may run at once)."
     )
+    requires_system_checks = BACKEND_CHECKS
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--interval", type=float, help="seconds between passes")

@@ -7,11 +7,13 @@ from django.core.management.base import BaseCommand, CommandError
 
 from workers.config import WorkerConfig
 from workers.engine import JobWorker
+from workers.management import BACKEND_CHECKS
 from workers.supervisor import Supervisor
 
 
 class Command(BaseCommand):
     help = "Run a worker for job queues and batch queues (the queue's kind decides)."
+    requires_system_checks = BACKEND_CHECKS
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--queue", action="append", required=True, dest="queues")
