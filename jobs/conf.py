@@ -45,6 +45,11 @@ DEFAULTS: dict[str, Any] = {
     "MAX_LEASE_REQUEUES": 3,
     "RETENTION_DAYS": 7.0,
     "RETENTION_BATCH_SIZE": 1000,
+    # PostgreSQL: the events table is partitioned by job id, one partition per
+    # EVENT_PARTITION_HOURS of job creation, made EVENT_PARTITIONS_AHEAD periods
+    # ahead by the reaper and dropped whole by retention (jobs.partitions).
+    "EVENT_PARTITION_HOURS": 24.0,
+    "EVENT_PARTITIONS_AHEAD": 3,
     # Per-job timeouts (jobs.timeouts): the reaper fails a running job this long
     # past its deadline when its worker did not (dead, stuck, or remote and silent).
     "TIMEOUT_GRACE_SECONDS": 10.0,

@@ -23,6 +23,8 @@ import logging
 import math
 import threading
 import time
+import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
@@ -32,6 +34,14 @@ from django.utils import timezone
 from jobs.dialect import dialect
 from jobs.metrics.rollup import prune_metric_rollups, roll_up_metrics
 from jobs.models import ScheduleFire, Worker
+from jobs.partitions import (
+    covered_ranges,
+    ensure_partitions,
+    event_partitions,
+    is_partitioned,
+    period,
+    retire_partitions,
+)
 from jobs.queue_limits import apply_configured_queues
 from jobs.rescues import fail_timed_out, requeue_expired_leases
 from jobs.schedules.declared import sync_code_schedules
@@ -64,6 +74,8 @@ class ReaperResult:
     fires_pruned: int = 0
     metric_events: int = 0
     metric_rows_pruned: int = 0
+    partitions_created: int = 0
+    partitions_dropped: int = 0
     errors: int = 0
 
     def __str__(self) -> str:
@@ -125,6 +137,7 @@ class Reaper:
             ("leases", self._leases),
             ("orphan_operations", self._orphan_operations),
             ("timeouts", self._timeouts),
+            ("partitions", self._partitions),
             ("retention", self._retention),
             ("purge", self._purge),
             ("metrics", self._metrics),
@@ -192,12 +205,27 @@ class Reaper:
             if len(failed) < c.batch_size:
                 break
 
+    def _partitions(self, now: datetime, result: ReaperResult) -> None:
+        """PostgreSQL: make the event partitions ahead, drop those past the retention whole."""
+        result.partitions_created += ensure_partitions(now)
+        cutoff = now - timedelta(days=self.config.retention_days)
+        result.partitions_dropped += retire_partitions(cutoff).dropped
+
     def _retention(self, now: datetime, result: ReaperResult) -> None:
-        """Delete finished jobs past the retention (leaves first) with their rows, in batches."""
+        """Delete finished jobs past the retention (leaves first) with their rows, in batches.
+
+        With partitioned events, a job an attached partition covers waits for
+        its partition to be dropped (``_partitions``), events and all, which
+        happens one period after the cutoff passes the period's end; only
+        jobs finished longer ago than that (a clock moved, rows edited) go
+        here, so nothing is left behind.
+        """
         size = int(self.config.retention_batch_size)
         cutoff = now - timedelta(days=self.config.retention_days)
+        covered = covered_ranges(event_partitions()) if is_partitioned() else []
+        late = cutoff - period() if covered else None
         for _ in range(ROUNDS_PER_PASS):
-            deleted = delete_finished_jobs(cutoff, size)
+            deleted = delete_finished_jobs(cutoff, size, covered=covered, covered_cutoff=late)
             result.jobs_deleted += deleted
             if deleted < size:
                 break
@@ -282,8 +310,18 @@ class Reaper:
                 log.exception("reaper.liveness_failed error=%s", error)
 
 
-def delete_finished_jobs(cutoff: datetime, limit: int) -> int:
+def delete_finished_jobs(
+    cutoff: datetime,
+    limit: int,
+    *,
+    covered: Sequence[tuple[uuid.UUID, uuid.UUID]] = (),
+    covered_cutoff: datetime | None = None,
+) -> int:
     """Delete up to ``limit`` jobs finished before ``cutoff`` that have no children, and their rows.
+
+    A job whose id lies in one of the ``covered`` ranges ``[low, high)`` (on
+    PostgreSQL, the attached event partitions) goes only if it finished
+    before ``covered_cutoff``: the others wait for their partition's drop.
 
     The DELETE repeats every condition of the pick, so a job an operator
     retried meanwhile, or one that got a child, stays. On PostgreSQL the pick
@@ -295,14 +333,19 @@ def delete_finished_jobs(cutoff: datetime, limit: int) -> int:
     d = dialect()
     lock = " FOR UPDATE OF j SKIP LOCKED" if d.postgres else ""
     finished = f"status IN {TERMINAL} AND finished_at < %s"
+    outside, bounds = "", []
+    if covered:
+        ranges = " AND ".join("NOT (id >= %s AND id < %s)" for _ in covered)
+        outside = f" AND (finished_at < %s OR ({ranges}))"
+        bounds = [d.ts(covered_cutoff or cutoff), *(d.uuid(v) for pair in covered for v in pair)]
     leaf = "NOT EXISTS (SELECT 1 FROM controlplane_job c WHERE c.parent_id = {table}.id)"
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM controlplane_job WHERE {finished} "
+            f"DELETE FROM controlplane_job WHERE {finished}{outside} "
             f"AND {leaf.format(table='controlplane_job')} "
-            f"AND id IN (SELECT j.id FROM controlplane_job j WHERE {finished} "
+            f"AND id IN (SELECT j.id FROM controlplane_job j WHERE {finished}{outside} "
             f"AND {leaf.format(table='j')} LIMIT %s{lock}) RETURNING id",
-            [d.ts(cutoff), d.ts(cutoff), int(limit)],
+            [d.ts(cutoff), *bounds, d.ts(cutoff), *bounds, int(limit)],
         )
         ids = [r[0] for r in cursor.fetchall()]
         if ids:

@@ -1,0 +1,74 @@
+"""Migration 0013 on a populated events table (PostgreSQL): rows, ids, trigger, and back."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
+
+from jobs.enqueue import enqueue
+from jobs.models import Job, JobEvent
+from jobs.partitions import DEFAULT_PARTITION, event_partitions, is_partitioned
+from jobs.selectors.jobs import job_events_page
+from tests.integration.partitions.test_partitions import make_job, partition_of
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite keeps a plain table"),
+]
+
+BEFORE = ("controlplane", "0012_metric_spans")
+PARTITIONED = ("controlplane", "0013_partitioned_events")
+
+
+def migrate(target: tuple[str, str] | None = None) -> None:
+    executor = MigrationExecutor(connection)
+    targets = [target] if target else executor.loader.graph.leaf_nodes("controlplane")
+    executor.migrate(targets)
+    executor.loader.build_graph()
+
+
+def snapshot() -> list[tuple]:
+    return list(JobEvent.objects.order_by("id").values_list("id", "job_id", "seq", "event"))
+
+
+def test_a_populated_table_is_converted_in_place_and_back():
+    try:
+        migrate(BEFORE)
+        assert not is_partitioned()
+        now = timezone.now()
+        current = [enqueue("ping") for _ in range(5)]
+        old = make_job(now - timedelta(days=40), events=4)  # before the window: DEFAULT
+        legacy = Job.objects.create(id=uuid.uuid4(), operation="ping", queue="history")
+        JobEvent.objects.create(job=legacy, seq=1, event="job.enqueued")
+        rows = snapshot()
+
+        migrate(PARTITIONED)
+
+        assert is_partitioned()
+        assert snapshot() == rows  # ids, jobs and seqs as they were
+        [today] = [p.name for p in event_partitions() if p.start <= now < p.end]
+        assert all(partition_of(job) == {today} for job in current)
+        assert partition_of(old) == {DEFAULT_PARTITION}
+        assert [e.seq for e in job_events_page(old.pk)[1]] == [1, 2, 3, 4]
+        # The identity goes on after the copied ids, and the NOTIFY trigger is back.
+        newest = enqueue("ping")
+        assert JobEvent.objects.get(job_id=newest.pk).id > rows[-1][0]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'controlplane_jobevent'::regclass"
+                " AND tgname = 'controlplane_jobevent_notify'"
+            )
+            assert cursor.fetchone()[0] == 1
+        rows = snapshot()
+
+        migrate(BEFORE)
+
+        assert not is_partitioned() and snapshot() == rows
+    finally:
+        migrate()
+    assert is_partitioned()
