@@ -14,6 +14,7 @@ from pathlib import Path
 import dj_database_url
 
 from jobs import CONTROLPLANE_APPS
+from jobs.pooling import configure_database
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -121,6 +122,15 @@ def _database_config() -> dj_database_url.DBConfig:
                 "name": "controlplane-web",
             }
         config["TEST"] = {"NAME": os.environ.get("CONTROLPLANE_TEST_DB_NAME")}
+        # Behind PgBouncer (transaction mode): DATABASE_URL names the pooler,
+        # DATABASE_DIRECT_URL PostgreSQL itself for LISTEN and the workers'
+        # liveness locks; CONTROLPLANE_DB_POOLER=transaction|none overrides
+        # the guess (a direct URL to another server means pooled). See jobs.pooling.
+        configure_database(
+            config,
+            direct_url=os.environ.get("DATABASE_DIRECT_URL"),
+            pooler=os.environ.get("CONTROLPLANE_DB_POOLER"),
+        )
     return config
 
 

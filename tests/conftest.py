@@ -163,3 +163,38 @@ def _forget_cached_queue_settings() -> Iterator[None]:
 
     queue_settings.forget()
     yield
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """Behind a transaction pooler (``jobs.pooling``; the CI pass through PgBouncer).
+
+    Child processes get the test database's direct URL (the environment's
+    names the configured database), and the pooler's server sessions on the
+    test database end before it is dropped: PostgreSQL refuses to drop a
+    database anyone is connected to, and a pooler keeps idle sessions open.
+    """
+    from jobs.pooling import direct_url, is_transaction_pooled
+
+    if not is_transaction_pooled():
+        yield
+        return
+    previous = os.environ.get("DATABASE_DIRECT_URL")
+    url = direct_url()
+    if url:
+        os.environ["DATABASE_DIRECT_URL"] = url
+    yield
+    if previous is not None:
+        os.environ["DATABASE_DIRECT_URL"] = previous
+    with django_db_blocker.unblock():
+        from django.db import connection
+
+        name = connection.settings_dict["NAME"]
+        connection.close()
+        # From the maintenance database: a server session of its own, apart from the test one's.
+        with connection._nodb_cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                [name],
+            )

@@ -25,6 +25,10 @@ Connection budget per worker process (size fleets against ``max_connections``):
 one for the main loop, one per concurrent job thread, one for the heartbeat,
 one for the LISTEN connection on PostgreSQL: ``concurrency + 3``. Atomic
 operations that ``emit`` add one independent connection per job thread.
+Behind PgBouncer in transaction mode (``jobs.pooling``) all but the LISTEN
+connection are pooler clients, which share the pooler's few server
+connections; the LISTEN connection goes to ``DATABASE_DIRECT_URL``, or does
+not exist (``POLL_ONLY``, or no direct URL): README "Connection budget".
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ from workers.batch_runner import MessageFlight, extend_visibility, release_messa
 from workers.config import WorkerConfig
 from workers.execution import STOP_SHUTDOWN, InFlight, JobRunner
 from workers.heartbeat import HeartbeatLoop
-from workers.listener import NotifyListener
+from workers.listener import NotifyListener, can_listen
 from workers.resilience import backoff_delay, is_transient, reset_connection, with_db_retry
 from workers.shutdown import EXIT_GRACE_RAN_OUT, EXIT_GRACEFUL, ShutdownGuard
 from workers.timeouts import report_abandoned, time_out_flight
@@ -209,7 +213,7 @@ class JobWorker:
         with_db_retry(apply_configured_queues, what="queue_settings", attempts=3)
         self._pool.start()
         self._heartbeat.start()
-        if connection.vendor == "postgresql" and not self.config.poll_only:
+        if can_listen() and not self.config.poll_only:
             self._listener = NotifyListener(self.config.queues, self.wake, worker_id=self.id)
             self._listener.start()
         # The readiness line: the next statement is the first claim. ``start_cpu`` is the

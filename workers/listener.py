@@ -3,7 +3,9 @@
 A NOTIFY carries only a queue name and is a hint: the worker always claims
 from the table, and polls every ``POLL_SECONDS`` anyway, so a lost
 notification costs latency, never a job. The listener owns one dedicated
-connection, checks its health while idle and reconnects with backoff.
+connection, checks its health while idle and reconnects with backoff. Behind
+a transaction pooler that connection goes to ``DATABASE_DIRECT_URL``
+(``jobs.pooling``); without one the worker only polls.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import psycopg
 from django.db import connections
 
 from jobs.conf import knob
+from jobs.pooling import session_conninfo
 from jobs.wakeups import NOTIFY_CHANNEL
 from workers.liveness import hold_liveness_lock
 from workers.resilience import backoff_delay
@@ -24,13 +27,9 @@ from workers.resilience import backoff_delay
 log = logging.getLogger("workers")
 
 
-def _conninfo(alias: str = "default") -> dict:
-    settings = connections[alias].get_connection_params()
-    settings.pop("cursor_factory", None)
-    settings.pop("context", None)
-    settings.pop("prepare_threshold", None)
-    settings.pop("server_side_binding", None)
-    return settings
+def can_listen(alias: str = "default") -> bool:
+    """PostgreSQL with a session to LISTEN on (not only a transaction pooler: ``jobs.pooling``)."""
+    return connections[alias].vendor == "postgresql" and session_conninfo(alias) is not None
 
 
 class NotifyListener:
@@ -67,7 +66,9 @@ class NotifyListener:
         failures = 0
         while not self._stop.is_set():
             try:
-                params = _conninfo()
+                params = session_conninfo()
+                if params is None:
+                    raise RuntimeError("No direct connection to LISTEN on (DATABASE_DIRECT_URL).")
                 with psycopg.connect(autocommit=True, connect_timeout=5, **params) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     locked = self.worker_id is None or hold_liveness_lock(conn, self.worker_id)

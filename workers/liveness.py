@@ -18,6 +18,12 @@ the database for longer than the grace loses its jobs as it would at lease
 expiry, only sooner; its lease tokens fence it off, so it cannot finish them.
 Workers that hold no lock (``POLL_ONLY``, SQLite, remote workers, rows
 written by an older version) are left to their leases and heartbeats.
+
+Behind a transaction pooler a session lock would stay on whichever server
+connection took it, outliving the worker, so the LISTEN connection that
+holds it goes to ``DATABASE_DIRECT_URL`` (``jobs.pooling.session_conninfo``);
+without a direct URL a worker takes no lock. The reaper's check reads
+``pg_locks`` in one statement and may go through the pooler.
 """
 
 from __future__ import annotations

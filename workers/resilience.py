@@ -134,9 +134,15 @@ def database_answers(alias: str = "default") -> bool:
     try:
         with probe.cursor() as cursor:
             if probe.vendor == "postgresql":
-                cursor.execute(f"SET statement_timeout = {HEALTH_CHECK_SECONDS * 1000}")
+                # SET LOCAL in a transaction: a plain SET would outlive the probe
+                # on a transaction pooler's server connection (jobs.pooling).
+                probe.set_autocommit(False)
+                cursor.execute(f"SET LOCAL statement_timeout = {HEALTH_CHECK_SECONDS * 1000}")
             cursor.execute("SELECT 1")
-            return cursor.fetchone() is not None
+            answered = cursor.fetchone() is not None
+            if probe.vendor == "postgresql":
+                probe.rollback()
+            return answered
     except Exception:  # noqa: BLE001 - any failure to answer is the answer
         return False
     finally:

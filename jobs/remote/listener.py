@@ -23,6 +23,8 @@ from typing import Any
 
 from django.db import connections
 
+from jobs.pooling import session_conninfo
+
 log = logging.getLogger("jobs.remote")
 
 IDLE_CHECK_SECONDS = 1.0  # how soon a new channel is LISTENed to; also the idle health check
@@ -46,8 +48,14 @@ class Listener:
 
     @property
     def available(self) -> bool:
-        """True on PostgreSQL; elsewhere there is nothing to listen to (poll instead)."""
-        return connections[self.using].vendor == "postgresql"
+        """True on PostgreSQL with a session to LISTEN on; else there is nothing to hear.
+
+        Behind a transaction pooler without ``DATABASE_DIRECT_URL`` there is
+        no such session (``jobs.pooling``): subscribers poll instead.
+        """
+        return connections[self.using].vendor == "postgresql" and (
+            session_conninfo(self.using) is not None
+        )
 
     def subscribe(
         self, channel: str, handler: Handler, on_connect: Callable[[], None] | None = None
@@ -95,13 +103,13 @@ class Listener:
             self._stopping.wait(RETRY_SECONDS)
 
     def _listen(self) -> None:
-        # A connection of its own, outside Django's pool: LISTEN needs the
-        # same session for as long as the process lives.
+        # A connection of its own, outside Django's pool and past any
+        # transaction pooler: LISTEN needs the same session for as long as the process lives.
         import psycopg
 
-        params = connections[self.using].get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
+        params = session_conninfo(self.using)
+        if params is None:
+            raise RuntimeError("No direct connection to LISTEN on (set DATABASE_DIRECT_URL).")
         conn = psycopg.connect(**params, autocommit=True)
         listening: set[str] = set()
         try:
