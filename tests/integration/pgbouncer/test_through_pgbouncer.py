@@ -61,14 +61,18 @@ class Sampler(threading.Thread):
                 self.stop.wait(0.02)
 
 
-def test_a_fleet_of_workers_shares_a_small_pool(pgbouncer, pooled_env, start_process):
+@pytest.mark.parametrize("listen", [True, False], ids=["listen-directly", "poll-only"])
+def test_a_fleet_of_workers_shares_a_small_pool(pgbouncer, pooled_env, start_process, listen):
     """4 worker processes of concurrency 8 (``concurrency + 3`` = 44 sessions without a
-    pooler) and a reaper run 240 jobs on at most POOL_SIZE pooled server sessions plus
-    one direct session per worker process (its LISTEN and liveness lock)."""
+    pooler) and a reaper run 240 jobs on at most POOL_SIZE pooled server sessions, plus
+    one direct session per worker process (its LISTEN and liveness lock) unless the
+    workers only poll (``POLL_ONLY``): then the pool is all there is."""
     from django.db import connection
 
     dbname = connection.settings_dict["NAME"]
     env = pooled_env(application_name="cp-budget")
+    if not listen:
+        env["CONTROLPLANE_POLL_ONLY"] = "1"
     supervisors = [
         start_process(
             "runworker",
@@ -83,10 +87,11 @@ def test_a_fleet_of_workers_shares_a_small_pool(pgbouncer, pooled_env, start_pro
         for _ in range(WORKER_PROCESSES // 2)
     ]
     start_process("reaper", env=env)
+    ready = Worker.objects.filter(liveness_lock=True) if listen else Worker.objects.all()
     wait_for(
-        lambda: Worker.objects.filter(liveness_lock=True).count() == WORKER_PROCESSES,
+        lambda: ready.count() == WORKER_PROCESSES,
         timeout=60,
-        message="every worker process to hold its liveness lock on its direct session",
+        message="every worker process to register (and hold its lock on its direct session)",
     )
     sampler = Sampler(pgbouncer, dbname, "cp-budget")
     sampler.start()
@@ -100,16 +105,18 @@ def test_a_fleet_of_workers_shares_a_small_pool(pgbouncer, pooled_env, start_pro
             supervisor.signal(signal.SIGTERM)
         for supervisor in supervisors:
             supervisor.wait(30)
+    direct = WORKER_PROCESSES if listen else 0
     print(
-        f"\nbudget: {WORKER_PROCESSES} worker processes x concurrency {CONCURRENCY} + reaper:"
+        f"\nbudget ({'listen' if listen else 'poll-only'}): {WORKER_PROCESSES} worker processes"
+        f" x concurrency {CONCURRENCY} + reaper:"
         f" max pooler clients {sampler.max_clients}, max pooler server connections"
         f" {sampler.max_servers} (pool {POOL_SIZE}), max PostgreSQL sessions"
         f" {sampler.max_backends} ({sampler.samples} samples)"
     )
     assert sampler.samples > 0
     assert sampler.max_servers <= POOL_SIZE
-    # Pooled sessions, plus each worker process's direct one; none of the rest.
-    assert sampler.max_backends <= POOL_SIZE + WORKER_PROCESSES
+    # Pooled sessions, plus each listening worker process's direct one; none of the rest.
+    assert sampler.max_backends <= POOL_SIZE + direct
     # Every job thread had a client connection of its own: the pool multiplexed them.
     assert sampler.max_clients >= WORKER_PROCESSES * CONCURRENCY
 
