@@ -12,6 +12,17 @@ and PGQueuer in the same run and prints our figures as ratios to theirs.
 ``--big`` then fills the table with finished and future-scheduled jobs and
 shows the claim (and completion) plans and the drain rate beside them.
 
+Cold start (ours and PGQueuer): ready to claim is the time from a worker's
+exec to the start of a job that was waiting for it (median of
+``--cold-execs`` execs; PGQueuer also the way ``pgq run`` starts it), with
+the CPU the process had used by then. The cold-start drain puts ``--jobs``
+in the table, then starts ``--cold-processes`` worker processes and runs
+from their exec to the last success: ours as ``runworker --processes P``
+(one start-up; the children are forked from it) and as P separate execs.
+The project's bytecode is compiled first, as pip and the Docker image do
+(this environment sets PYTHONDONTWRITEBYTECODE). ``--phases`` picks the
+phases to run.
+
 See bench/README.md for how to read the figures.
 """
 
@@ -20,10 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -49,7 +62,13 @@ TARGETS = {
     "enqueue_bulk": ("bulk enqueue", ">=", 20000.0),
     "pickup_p50": ("pickup p50 (ms)", "<", 5.0),
     "pickup_p95": ("pickup p95 (ms)", "<", 10.0),
+    "ready_ms": ("ready to claim (ms)", "<=", 500.0),
 }
+PHASES = ("enqueue", "drain", "pickup", "idle", "cold")
+# The worker's readiness line (workers.engine): its log timestamp, local time.
+READY_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ workers worker\.started", re.M
+)
 
 
 # --- our engine --------------------------------------------------------------------
@@ -66,6 +85,7 @@ class EngineSystem(QueueSystem):
         # the drain's price for issue 16's rollup, measured in the same run.
         self.rollup = rollup
         self.name = f"engine k{concurrency}" + (" +rollup" if rollup else "")
+        self.cold_start = not rollup
         self.concurrency = concurrency
         self.cwd = project
         self.database = database
@@ -82,6 +102,15 @@ class EngineSystem(QueueSystem):
             cwd=self.cwd,
             check=True,
             env={**os.environ},
+        )
+        # Bytecode, as pip writes it for an installed package and the Dockerfile for the
+        # image; with PYTHONDONTWRITEBYTECODE set and none on disk, each worker exec would
+        # compile ~70 modules (about 0.2 s of CPU), which no deployment pays.
+        subprocess.run(
+            [python(), "-m", "compileall", "-q", "manage.py", "controlplane", "jobs", "workers"],
+            cwd=self.cwd,
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         sys.path.insert(0, str(self.cwd))
         import django
@@ -151,6 +180,21 @@ class EngineSystem(QueueSystem):
             env["CONTROLPLANE_METRICS_SETTLE_SECONDS"] = "0"
         return env
 
+    def fresh_worker_argvs(self, processes: int, concurrency: int, poll: float) -> list[list[str]]:
+        """``processes`` separate ``runworker`` processes (no supervisor between them)."""
+        return self.worker_argvs(1, concurrency, poll)[:1] * processes
+
+    def ready_line_at(self, log: str) -> float | None:
+        found = READY_LINE.search(log)
+        if found is None:
+            return None
+        return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+    def first_started_at(self) -> datetime | None:
+        return self.sql("SELECT min(ts) FROM controlplane_jobevent WHERE event = 'job.started'")[0][
+            0
+        ]
+
     def workers_ready(self, group: WorkerGroup, processes: int) -> bool:
         return self.sql("SELECT count(*) FROM controlplane_worker")[0][0] >= processes
 
@@ -216,18 +260,20 @@ def run_system(
     def say(text: str) -> None:
         print(f"  [{system.name}] {text}", flush=True)
 
-    system.reset()
-    singles = min(args.single, jobs)
-    seconds = system.timed(system.enqueue_single, singles)
-    record("enqueue_single", singles / seconds)
-    seconds = system.timed(system.enqueue_bulk, jobs)
-    record("enqueue_bulk", jobs / seconds)
-    say(
-        f"enqueue: single {results['enqueue_single'][-1]:,.0f}/s, "
-        f"bulk {results['enqueue_bulk'][-1]:,.0f}/s"
-    )
+    phases = args.phases
+    if "enqueue" in phases:
+        system.reset()
+        singles = min(args.single, jobs)
+        seconds = system.timed(system.enqueue_single, singles)
+        record("enqueue_single", singles / seconds)
+        seconds = system.timed(system.enqueue_bulk, jobs)
+        record("enqueue_bulk", jobs / seconds)
+        say(
+            f"enqueue: single {results['enqueue_single'][-1]:,.0f}/s, "
+            f"bulk {results['enqueue_bulk'][-1]:,.0f}/s"
+        )
 
-    for processes in process_counts:
+    for processes in process_counts if "drain" in phases else []:
         system.reset()
         drain, seconds = system.drain_live(jobs, processes, system.concurrency, args.poll)
         record("enqueue_bulk_1tx", jobs / seconds)
@@ -240,20 +286,65 @@ def run_system(
         for key, value in drain.extra.items():
             record(f"drain_{processes} {key}", value)
 
-    system.reset()
-    latencies = system.pickup(args.pickup_samples, system.concurrency, args.pickup_poll)
-    record("pickup_p50", percentile(latencies, 50))
-    record("pickup_p95", percentile(latencies, 95))
-    say(
-        f"pickup: p50 {percentile(latencies, 50):.1f} ms, p95 {percentile(latencies, 95):.1f} ms "
-        f"({len(latencies)} samples)"
-    )
+    if "pickup" in phases:
+        system.reset()
+        latencies = system.pickup(args.pickup_samples, system.concurrency, args.pickup_poll)
+        record("pickup_p50", percentile(latencies, 50))
+        record("pickup_p95", percentile(latencies, 95))
+        say(
+            f"pickup: p50 {percentile(latencies, 50):.1f} ms, "
+            f"p95 {percentile(latencies, 95):.1f} ms ({len(latencies)} samples)"
+        )
 
-    if args.idle_seconds > 0:
+    if "idle" in phases and args.idle_seconds > 0:
         system.reset()
         idle = system.idle_cpu(args.idle_seconds, system.concurrency, args.poll)
         record("idle_cpu", idle)
         say(f"idle worker: {idle:.2f}% of one core over {args.idle_seconds:.0f} s")
+
+    if "cold" in phases and system.cold_start and args.cold_execs > 0:
+        cold_start(system, args, record, say, jobs)
+
+
+def cold_start(system: QueueSystem, args, record, say, jobs: int) -> None:
+    """Ready to claim (median of ``--cold-execs`` execs, each way to start a worker) and the
+    cold-start drain of ``jobs`` by ``--cold-processes`` fresh workers."""
+    for label, argv in system.ready_variants(args.poll).items():
+        starts = [
+            system.ready_to_claim(system.concurrency, args.poll, argv)
+            for _ in range(args.cold_execs)
+        ]
+        key = "ready_ms" + (f" {label}" if label else "")
+        record(key, median([s.seconds for s in starts]) * 1000)
+        record(f"{key} cpu", median([s.cpu for s in starts]) * 1000)
+        lines = [s.ready_line for s in starts if s.ready_line is not None]
+        if lines:
+            record("ready_line_ms", median(lines) * 1000)
+        say(
+            f"ready to claim{f' ({label})' if label else ''}: exec to first start "
+            + ", ".join(f"{s.seconds * 1000:.0f}" for s in starts)
+            + f" ms (median {median([s.seconds for s in starts]) * 1000:.0f}); CPU by then "
+            + f"{median([s.cpu for s in starts]) * 1000:.0f} ms"
+            + (f"; exec to readiness line {median(lines) * 1000:.0f} ms" if lines else "")
+        )
+    p, k = args.cold_processes, system.concurrency
+    # Ours twice: ``runworker --processes P`` (one interpreter start-up, the children are
+    # forked from it) and P separate ``runworker`` execs (an autoscaler adding containers).
+    ways = {"": system.worker_argvs(p, k, args.poll)}
+    if system.fresh_worker_argvs(p, k, args.poll) != ways[""]:
+        ways["separate"] = system.fresh_worker_argvs(p, k, args.poll)
+    for label, argvs in ways.items():
+        drain = system.cold_drain(jobs, argvs, args.poll)
+        key = "cold_drain" + (f" {label}" if label else "")
+        record(key, drain.rate)
+        for name, value in drain.extra.items():
+            record(f"{key} {name}", value)
+        how = f"{p} separate execs" if label else f"{p} fresh worker process(es)"
+        say(
+            f"cold-start drain, {how}: {drain.jobs} jobs in {drain.seconds:.2f} s "
+            f"from exec = {drain.rate:,.0f}/s"
+            + "".join(f", {name} {value:.2f}" for name, value in drain.extra.items())
+        )
 
 
 # --- the claim on a big table ----------------------------------------------------------
@@ -568,6 +659,17 @@ ROWS = [
     ("pickup_p50", "pickup p50 (ms)", False),
     ("pickup_p95", "pickup p95 (ms)", False),
     ("idle_cpu", "idle worker, % of a core", False),
+    ("ready_ms", "ready to claim: exec to start (ms)", False),
+    ("ready_ms cpu", "  CPU by then (ms)", False),
+    ("ready_line_ms", "  exec to readiness line (ms)", False),
+    ("ready_ms pgq run", "ready to claim, pgq run (ms)", False),
+    ("ready_ms pgq run cpu", "  CPU by then (ms)", False),
+    ("cold_drain", "cold-start drain (jobs/s from exec)", True),
+    ("cold_drain first start s", "  exec to first start (s)", False),
+    ("cold_drain cpu ms/job", "  CPU per job, start-up in (ms)", False),
+    ("cold_drain separate", "cold-start drain, separate execs", True),
+    ("cold_drain separate first start s", "  exec to first start (s)", False),
+    ("cold_drain separate cpu ms/job", "  CPU per job, start-up in (ms)", False),
 ]
 
 
@@ -614,7 +716,9 @@ def report(all_results: dict[str, dict[str, list[float]]], ours: list[str]) -> N
         mine = all_results[name]
         for key, (label, op, goal) in TARGETS.items():
             value = median(mine.get(key, []))
-            ok = value >= goal if op == ">=" else value < goal
+            if value != value:
+                continue  # its phase did not run
+            ok = {">=": value >= goal, "<=": value <= goal, "<": value < goal}[op]
             print(
                 f"  {name:10} {label:26} {fmt(value, op == '>='):>10} {op} {goal:,.0f}  "
                 + ("PASS" if ok else "FAIL")
@@ -623,10 +727,19 @@ def report(all_results: dict[str, dict[str, list[float]]], ours: list[str]) -> N
             value = median(mine.get("drain_2", [])) / median(
                 all_results["pgqueuer"].get("drain_2", [float("nan")])
             )
-            print(
-                f"  {name:10} {'drain 2 proc / PGQueuer':26} {value:>10.2f} >= 1.5  "
-                + ("PASS" if value >= 1.5 else "FAIL")
+            if value == value:
+                print(
+                    f"  {name:10} {'drain 2 proc / PGQueuer':26} {value:>10.2f} >= 1.5  "
+                    + ("PASS" if value >= 1.5 else "FAIL")
+                )
+            cold = median(mine.get("cold_drain", [])) / median(
+                all_results["pgqueuer"].get("cold_drain", [float("nan")])
             )
+            if cold == cold:
+                print(
+                    f"  {name:10} {'cold-start drain / PGQueuer':26} {cold:>10.2f} >= 1.5  "
+                    + ("PASS" if cold >= 1.5 else "FAIL")
+                )
 
 
 # --- main ------------------------------------------------------------------------------------
@@ -681,13 +794,31 @@ def main() -> None:
         default=BENCH_DIR.parent,
         help="the project to measure (a scratch copy for A/B runs)",
     )
-    parser.add_argument("--database", default="bench_engine")
+    parser.add_argument(
+        "--database",
+        default="bench_engine",
+        help="our database; the peers' are named after it (<name>_pgqueuer, ...)",
+    )
+    parser.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma list of the phases to run, of {','.join(PHASES)} (default: all)",
+    )
+    parser.add_argument(
+        "--cold-execs", type=int, default=5, help="worker execs per ready-to-claim median"
+    )
+    parser.add_argument(
+        "--cold-processes", type=int, default=2, help="fresh workers in the cold-start drain"
+    )
     parser.add_argument(
         "--rollup",
         action="store_true",
         help="also drain with a reaper rolling up metrics beside the workers (issue 16: <= 5%%)",
     )
     args = parser.parse_args()
+    args.phases = {p.strip() for p in args.phases.split(",") if p.strip()}
+    if args.phases - set(PHASES):
+        parser.error(f"unknown phase(s): {', '.join(sorted(args.phases - set(PHASES)))}")
     process_counts = [int(p) for p in args.processes.split(",") if p.strip()]
     ks = [int(k) for k in args.concurrency.split(",") if k.strip()]
 
@@ -704,8 +835,8 @@ def main() -> None:
 
         peer_counts = [p for p in process_counts if p <= 2]
         for peer, jobs in (
-            (PGQueuerSystem(), args.jobs),
-            (ProcrastinateSystem(ks[0]), args.slow_peer_jobs),
+            (PGQueuerSystem(f"{args.database}_pgqueuer"), args.jobs),
+            (ProcrastinateSystem(ks[0], f"{args.database}_procrastinate"), args.slow_peer_jobs),
         ):
             peer.setup()
             systems.append((peer, jobs, peer_counts))

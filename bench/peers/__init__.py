@@ -142,12 +142,22 @@ class WorkerGroup:
                 proc.wait()
 
 
+@dataclass
+class ColdStart:
+    """One worker exec'd beside a waiting job."""
+
+    seconds: float  # from exec to that job's start, as the system recorded it
+    cpu: float  # CPU seconds (user + system) the worker process had used by then
+    ready_line: float | None = None  # seconds from exec to its readiness line, if it prints one
+
+
 class QueueSystem:
     """One queue implementation under benchmark. Subclasses fill in the hooks."""
 
     name = "?"
     concurrency = 8
     cwd: Path = Path.cwd()
+    cold_start = False  # measure the cold-start phases (``first_started_at`` is needed)
 
     # --- hooks -------------------------------------------------------------
     def setup(self) -> None: ...
@@ -173,6 +183,21 @@ class QueueSystem:
 
     def drain_extra(self) -> dict[str, float]:
         return {}
+
+    def first_started_at(self) -> datetime | None:
+        """When the first job started, from the system's own records (None before)."""
+
+    def fresh_worker_argvs(self, processes: int, concurrency: int, poll: float) -> list[list[str]]:
+        """``processes`` separate worker execs, as an autoscaler adding containers starts them."""
+        return self.worker_argvs(processes, concurrency, poll)
+
+    def ready_variants(self, poll: float) -> dict[str, list[str] | None]:
+        """Ways to start one worker for the ready-to-claim figure, by label ("": the usual)."""
+        return {"": None}
+
+    def ready_line_at(self, log: str) -> float | None:
+        """The epoch time of the worker's readiness line in its ``log``, if it prints one."""
+        return None
 
     def enqueue_one(self) -> object: ...
     def started_latency(self, handle: object) -> float | None:
@@ -261,6 +286,54 @@ class QueueSystem:
             group.stop()
         used = sum(value - before.get(key, 0.0) for key, value in after.items())
         return used * 100 / elapsed
+
+    def ready_to_claim(
+        self, concurrency: int, poll: float, argv: list[str] | None = None
+    ) -> ColdStart:
+        """Exec one worker beside one waiting job; time from exec to that job's start.
+
+        The start is the system's own timestamp (same clock: same machine), so
+        the figure covers interpreter start, imports, set-up, connecting and
+        the first claim, whatever each system logs or not along the way.
+        """
+        self.reset()
+        self.enqueue_bulk(1)
+        argvs = [argv] if argv else self.fresh_worker_argvs(1, concurrency, poll)
+        exec_at = time.time()
+        group = WorkerGroup(f"{self.name}-ready", argvs, env=self.worker_env(poll), cwd=self.cwd)
+        try:
+            deadline = time.monotonic() + 60
+            while (started := self.first_started_at()) is None:
+                group.check_alive()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name}: no job started 60 s after exec")
+                time.sleep(0.005)
+            cpu = sum(cpu_seconds(p) for proc in group.procs for p in descendants(proc.pid))
+        finally:
+            group.stop()
+        line = self.ready_line_at(group.logs[0].read_text(errors="replace"))
+        return ColdStart(
+            started.timestamp() - exec_at, cpu, None if line is None else line - exec_at
+        )
+
+    def cold_drain(self, n: int, argvs: list[list[str]], poll: float) -> DrainResult:
+        """``n`` jobs wait; workers start (``argvs``): from their exec to the last success.
+
+        CPU per job counts everything the workers used from exec on, start-up included.
+        """
+        self.reset()
+        self.enqueue_for_drain(n)
+        exec_at = time.time()
+        group = WorkerGroup(f"{self.name}-cold", argvs, env=self.worker_env(poll), cwd=self.cwd)
+        try:
+            self.wait_succeeded(n, group)
+            used = group.cpu(self.backend_pids())
+        finally:
+            group.stop()
+        window = self._result({}, used)
+        _, first, last = self.drain_window()
+        extra = {"first start s": first.timestamp() - exec_at, **window.extra}
+        return DrainResult(window.jobs, last.timestamp() - exec_at, extra)
 
     def pickup(self, samples: int, concurrency: int, poll: float, warmup: int = 5) -> list[float]:
         """Latencies (ms) from enqueue to start with one idle worker, one job at a time."""

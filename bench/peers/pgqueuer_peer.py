@@ -1,27 +1,21 @@
 """PGQueuer (asyncpg) under the same protocol as our engine.
 
-Run as a script (``python bench/peers/pgqueuer_peer.py worker ...``) it is
-one PGQueuer worker process serving the no-op entrypoint ``ping``. PGQueuer
-logs every transition (queued, picked, successful) in ``pgqueuer_log``;
-those timestamps are what we read back.
+Its worker processes run ``pgqueuer_worker.py`` (the no-op entrypoint
+``ping``), as a script or through ``pgq run``. PGQueuer logs every transition
+(queued, picked, successful) in ``pgqueuer_log``; those timestamps are what
+we read back.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import signal
-import sys
 import time
-from datetime import timedelta
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from peers import (  # noqa: E402
+from peers import (
     BACKENDS_SQL,
     DRIVER_NAME,
     LOG_DIR,
@@ -34,10 +28,12 @@ from peers import (  # noqa: E402
 
 DATABASE = "bench_pgqueuer"
 BATCH_SIZE = 10  # PGQueuer's default batch size
+WORKER = Path(__file__).resolve().with_name("pgqueuer_worker.py")
 
 
 class PGQueuerSystem(QueueSystem):
     name = "pgqueuer"
+    cold_start = True
 
     def __init__(self, database: str = DATABASE, batch_size: int = BATCH_SIZE) -> None:
         self.database = database
@@ -98,8 +94,7 @@ class PGQueuerSystem(QueueSystem):
         return [
             [
                 python(),
-                str(Path(__file__).resolve()),
-                "worker",
+                str(WORKER),
                 "--dsn",
                 self.dsn,
                 "--batch-size",
@@ -111,6 +106,23 @@ class PGQueuerSystem(QueueSystem):
             ]
             for f in self._ready_files
         ]
+
+    def ready_variants(self, poll: float) -> dict[str, list[str] | None]:
+        """The plain script, and the path ``pgq run`` takes (``pgqueuer_worker.py``)."""
+        return {
+            "": None,
+            "pgq run": [
+                python(),
+                str(WORKER),
+                "--dsn",
+                self.dsn,
+                "--batch-size",
+                str(self.batch_size),
+                "--poll",
+                str(poll),
+                "--supervised",
+            ],
+        }
 
     def workers_ready(self, group: WorkerGroup, processes: int) -> bool:
         return all(f.exists() for f in self._ready_files)
@@ -129,6 +141,11 @@ class PGQueuerSystem(QueueSystem):
             "min(created) FILTER (WHERE status = 'picked'), "
             "max(created) FILTER (WHERE status = 'successful') FROM pgqueuer_log"
         ).fetchone()
+
+    def first_started_at(self) -> datetime | None:
+        return self.sql.execute(
+            "SELECT min(created) FROM pgqueuer_log WHERE status = 'picked'"
+        ).fetchone()[0]
 
     def enqueue_one(self) -> object:
         return self._run(self.queries.enqueue("ping", None))[0]
@@ -155,40 +172,3 @@ class PGQueuerSystem(QueueSystem):
         if self.sql is not None:
             self.sql.close()
         self.loop.close()
-
-
-# --- the worker process ----------------------------------------------------------
-
-
-async def _serve(dsn: str, batch_size: int, poll: float, ready_file: str) -> None:
-    import asyncpg
-    from pgqueuer import AsyncpgDriver, Queries, QueueManager
-    from pgqueuer.models import Job
-
-    conn = await asyncpg.connect(dsn)
-    qm = QueueManager(Queries(AsyncpgDriver(conn)))
-
-    @qm.entrypoint("ping")
-    async def ping(job: Job) -> None:
-        return None
-
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, qm.shutdown.set)
-    Path(ready_file).touch()
-    await qm.run(dequeue_timeout=timedelta(seconds=poll), batch_size=batch_size)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["worker"])
-    parser.add_argument("--dsn", required=True)
-    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
-    parser.add_argument("--poll", type=float, default=5.0)
-    parser.add_argument("--ready-file", required=True)
-    args = parser.parse_args()
-    asyncio.run(_serve(args.dsn, args.batch_size, args.poll, args.ready_file))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,77 @@
+"""A worker process imports what a worker uses, so it can claim within half a second of exec.
+
+The web stack is most of what a Django process could import: Daphne with
+Twisted and Autobahn (through ``daphne.apps``), the REST framework's views
+and serializers, the views of the API and the dashboard (through the URL
+system checks). None of it claims or runs a job; issue 17 measured 0.6 s of
+start-up in it. The real ``manage.py runworker --burst`` runs here, in a
+process of its own, and reports which modules it ended up with; any of the
+web stack there fails the test, whichever import brought it in.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+# ``manage.py runworker --queue coldstart --burst``, then the loaded modules as one JSON line.
+RUN_WORKER = """\
+import json, os, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+from django.core.management import execute_from_command_line
+try:
+    execute_from_command_line(["manage.py", "runworker", "--queue", "coldstart", "--burst"])
+finally:
+    print("MODULES " + json.dumps(sorted(sys.modules)), flush=True)
+"""
+
+# Packages and modules of the web side; a worker that imports one pays for all it drags in.
+WEB_STACK = (
+    "daphne.apps",
+    "daphne.server",
+    "twisted",
+    "autobahn",
+    "rest_framework.views",
+    "rest_framework.serializers",
+    "rest_framework.renderers",
+    "drf_spectacular.openapi",
+    "controlplane.urls",
+    "controlplane.asgi",
+    "jobs.urls",
+    "jobs.api",
+    "jobs.web",
+    "dashboard.urls",
+    "dashboard.views",
+    "prometheus_client",
+)
+
+
+def web_modules(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == w or m.startswith(f"{w}.") for w in WEB_STACK)]
+
+
+def test_web_modules_matches_packages_and_their_submodules() -> None:
+    found = web_modules(["daphne", "daphne.server", "jobs.api.views", "jobs.apis", "jobs.models"])
+    assert found == ["daphne.server", "jobs.api.views"]
+
+
+def test_runworker_imports_no_web_stack(subprocess_env) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_WORKER],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "worker.started" in output and "worker.burst_done" in output, output
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("MODULES ")]
+    modules = json.loads(line.removeprefix("MODULES "))
+    assert "workers.engine" in modules  # the worker really ran in that process
+    assert web_modules(modules) == []
