@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from jobs import CONTROLPLANE_APPS
 from jobs.pooling import configure_database
@@ -135,6 +136,41 @@ def _database_config() -> dj_database_url.DBConfig:
 
 
 DATABASES = {"default": _database_config()}
+
+
+def _replica_config(url: str) -> dj_database_url.DBConfig:
+    """The read replica's alias: the primary's connection options, another server.
+
+    Under the test runner the alias mirrors the test database (a read-only
+    standby cannot host a created test database); tests/integration/replica
+    starts a real standby and points the alias at it instead.
+    """
+    primary = DATABASES["default"]
+    if primary["ENGINE"] == "django.db.backends.sqlite3":
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL needs a PostgreSQL DATABASE_URL.")
+    config = dj_database_url.parse(
+        url,
+        conn_max_age=primary.get("CONN_MAX_AGE", 0),
+        conn_health_checks=primary.get("CONN_HEALTH_CHECKS", False),
+    )
+    options = dict(primary.get("OPTIONS", {}))
+    if "pool" in options:
+        options["pool"] = {**options["pool"], "name": "controlplane-web-replica"}
+    options["connect_timeout"] = 2  # a replica that is down costs a check at most this long
+    config["OPTIONS"] = {**options, **config.get("OPTIONS", {})}
+    config["DISABLE_SERVER_SIDE_CURSORS"] = primary.get("DISABLE_SERVER_SIDE_CURSORS", False)
+    config["TEST"] = {"MIRROR": "default"}
+    return config
+
+
+# DATABASE_REPLICA_URL: a streaming replica of DATABASE_URL. Dashboard pages, API
+# lists and /metrics read from it while it keeps up; everything else uses the
+# primary (jobs.replica, README "Read replica").
+if os.environ.get("DATABASE_REPLICA_URL"):
+    DATABASES["replica"] = _replica_config(os.environ["DATABASE_REPLICA_URL"])
+    DATABASE_ROUTERS = ["jobs.replica.ReplicaRouter"]
+    MIDDLEWARE.append("jobs.replica.StickyPrimaryMiddleware")
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

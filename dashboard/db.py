@@ -19,6 +19,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from jobs import replica
 from jobs.conf import knob
 from jobs.selectors.timeouts import bounded_reads, is_timeout
 
@@ -84,18 +85,24 @@ def timeout_response(request: HttpRequest) -> HttpResponse:
 def bounded(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """Render a read-only view under ``bounded_reads``; a timeout becomes a 503 page.
 
+    Its reads go to the read replica when one is configured and fresh
+    (``jobs.replica``), else to the primary.
+
     Views must return an already rendered response (``render``), so the lazy
     querysets a template touches run inside the timeout too.
     """
 
     @wraps(view)
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        try:
-            with bounded_reads():
-                return view(request, *args, **kwargs)
-        except DatabaseError as error:
-            if not is_timeout(error):
-                raise
-            return timeout_response(request)
+        def read() -> HttpResponse:
+            try:
+                with bounded_reads(replica.read_alias()):
+                    return view(request, *args, **kwargs)
+            except DatabaseError as error:
+                if not is_timeout(error):
+                    raise
+                return timeout_response(request)
+
+        return replica.on_replica(read, request)  # the read replica, when there is one
 
     return wrapped

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import connection
 from django.db.models import Count as DbCount
 from django.db.models import Min, Q
 from django.db.models.fields.json import KT
@@ -29,6 +28,7 @@ from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.failures import FINGERPRINT_MESSAGE_CHARS, fingerprint
 from jobs.models import RECLAIM_EVENTS, BatchMessage, Job, JobEvent, Queue, QueueKind, Worker
+from jobs.replica import read_connection
 from jobs.selectors import JobCursor, after_cursor, estimated_count
 from jobs.states import FAILED, QUEUED, RUNNING, SUCCEEDED, Status
 
@@ -155,7 +155,7 @@ def queue_names(limit: int = 1000) -> list[str]:
         " FROM q WHERE q.name IS NOT NULL AND n < %s"
         ") SELECT name FROM q WHERE name IS NOT NULL"
     )
-    with connection.cursor() as cursor:
+    with read_connection().cursor() as cursor:  # the replica inside on_replica
         cursor.execute(sql, [limit])
         names = {row[0] for row in cursor.fetchall()}
     names |= set(Queue.objects.values_list("name", flat=True))
@@ -176,7 +176,7 @@ def queue_state_counts(names: Sequence[str]) -> dict[str, dict[str, Count]]:
             )
             params += [name, state, name, state, limit + 1]
     out: dict[str, dict[str, Count]] = {n: {} for n in names}
-    with connection.cursor() as cursor:
+    with read_connection().cursor() as cursor:  # the replica inside on_replica
         cursor.execute(" UNION ALL ".join(parts), params)
         for name, state, n in cursor.fetchall():
             out[name][state] = Count(min(n, limit), capped=n > limit)
@@ -216,7 +216,7 @@ def batch_message_counts(
         )
         params += [name, name, at, limit + 1, name, at, limit + 1]
     out: dict[str, dict[str, Count]] = {}
-    with connection.cursor() as cursor:
+    with read_connection().cursor() as cursor:  # the replica inside on_replica
         cursor.execute(" UNION ALL ".join(parts), params)
         for name, hidden, visible, dead in cursor.fetchall():
             capped = visible > limit

@@ -77,6 +77,13 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     "DASHBOARD_STATEMENT_TIMEOUT_MS": 5000,
     "COUNT_CAP": 10_000,
+    # Read replica (jobs.replica, DATABASE_REPLICA_URL): dashboard pages, API lists and
+    # /metrics read the primary instead while the replica lags more than MAX_LAG (measured
+    # at most every CHECK seconds per process), and for STICKY seconds after the same
+    # client wrote (a cookie), so the page after an operator action shows it.
+    "REPLICA_MAX_LAG_SECONDS": 5.0,
+    "REPLICA_CHECK_SECONDS": 1.0,
+    "REPLICA_STICKY_SECONDS": 5.0,
     # Web processes: how long a token (with its user and permissions) is remembered.
     "TOKEN_CACHE_SECONDS": 10.0,
     # Web processes: how long queue settings (paused, caps) are remembered for remote claims.

@@ -20,7 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import selectors
+from jobs import replica, selectors
 from jobs.api import remote_views
 from jobs.api.defaults import ApiDefaults
 from jobs.api.errors import error_response
@@ -59,23 +59,28 @@ def bounded(method: Callable[..., Response]) -> Callable[..., Response]:
     instead of holding a connection for minutes. SQLite has no statement
     timeout: there the reads run as they are. The knob
     (``DASHBOARD_STATEMENT_TIMEOUT_MS``) is the dashboard's too, so one
-    setting bounds every read an operator can trigger.
+    setting bounds every read an operator can trigger. The reads go to the
+    read replica when one is configured and fresh (``jobs.replica``): only
+    list views are ``bounded``.
     """
 
     @functools.wraps(method)
     def wrapped(self: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
-        try:
-            with bounded_reads():
-                return method(self, request, *args, **kwargs)
-        except DatabaseError as error:
-            if not is_timeout(error):
-                raise
-            return error_response(
-                "The query took longer than the server allows; narrow the filters "
-                "(status, queue, parent, created_after/created_before are index-backed) "
-                "and try again.",
-                503,
-            )
+        def read() -> Response:
+            try:
+                with bounded_reads(replica.read_alias()):
+                    return method(self, request, *args, **kwargs)
+            except DatabaseError as error:
+                if not is_timeout(error):
+                    raise
+                return error_response(
+                    "The query took longer than the server allows; narrow the filters "
+                    "(status, queue, parent, created_after/created_before are index-backed) "
+                    "and try again.",
+                    503,
+                )
+
+        return replica.on_replica(read, request)
 
     return wrapped
 

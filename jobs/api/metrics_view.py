@@ -28,6 +28,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
+from jobs import replica
 from jobs.api.authentication import CachedTokenAuthentication
 from jobs.api.base import ApiView, error_responses
 from jobs.api.defaults import extend_schema
@@ -109,9 +110,13 @@ class MetricsView(ApiView):
     def get(self, request: Request) -> HttpResponse:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(DatabaseCollector())
+
+        def read() -> bytes:  # from the read replica when there is one (jobs.replica)
+            with bounded_reads(replica.read_alias()):  # the API's statement timeout
+                return generate_latest(registry)
+
         try:
-            with bounded_reads():  # the API's statement timeout (PostgreSQL)
-                body = generate_latest(registry)
+            body = replica.on_replica(read, request)
         except DatabaseError as error:
             if not is_timeout(error):
                 raise

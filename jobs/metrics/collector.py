@@ -41,6 +41,7 @@ from jobs.models import (
     Schedule,
     Worker,
 )
+from jobs.replica import read_connection
 from jobs.selectors.counts import planner_estimate
 from jobs.states import QUEUED, Status
 
@@ -90,7 +91,7 @@ def _distinct(table: str, column: str, limit: int) -> list[str]:
         "FROM found WHERE found.name IS NOT NULL AND n < %s) "
         "SELECT name FROM found WHERE name IS NOT NULL"
     )
-    with connection.cursor() as cursor:
+    with read_connection().cursor() as cursor:  # the replica inside on_replica
         cursor.execute(sql, [limit])
         return [row[0] for row in cursor.fetchall()]
 
@@ -128,7 +129,7 @@ def _capped_counts(names: Sequence[str], cap: int) -> dict[tuple[str, str], int]
                 params += [name, state, name, state, cap + 1]
         if not parts:
             continue
-        with connection.cursor() as cursor:
+        with read_connection().cursor() as cursor:  # the replica inside on_replica
             cursor.execute(" UNION ALL ".join(parts), params)
             for name, state, n in cursor.fetchall():
                 out[(name, state)] = int(n)
@@ -173,7 +174,7 @@ def _oldest_run_after(name: str) -> datetime | None:
         f"SELECT MIN((SELECT MIN(run_after) FROM {table} WHERE {queued} AND priority = lanes.p)) "
         "FROM lanes WHERE lanes.p IS NOT NULL"
     )
-    with connection.cursor() as cursor:
+    with read_connection().cursor() as cursor:  # the replica inside on_replica
         cursor.execute(sql, [name, name, name])
         row = cursor.fetchone()
     return dialect().read_ts(row[0]) if row else None
