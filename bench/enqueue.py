@@ -1,18 +1,26 @@
-"""Enqueue throughput on PostgreSQL: one job per call and bulk ``enqueue_many``.
+"""Enqueue throughput and CPU per job on PostgreSQL, alone or beside PGQueuer.
 
     .venv/bin/python bench/enqueue.py [--jobs N] [--runs 3] [--batch 1000] [--profile]
-                                      [--floor] [--old-indexes]
+                                      [--floor] [--old-indexes] [--peers] [--no-prepare]
 
 ``DATABASE_URL`` selects the database (default
 postgres://postgres@127.0.0.1:5432/bench_enqueue); it is created if missing
-and migrated. Every run starts from empty job tables. Prints the median of
-the runs in jobs/s.
+and migrated. Every run starts from empty job tables. The workload is
+engine.py's: the no-op ``ping`` with ``{}`` on queue ``bench``; one job per
+``enqueue()`` call (each its own transaction, autocommit) and
+``enqueue_many`` in batches. Each figure is the median of the runs: jobs/s,
+and CPU per job of this process and of its PostgreSQL backend (read from
+/proc, so the server must run on this machine). On a shared machine the
+rates move with the neighbours' load; the CPU per job much less.
 
-``--floor`` also times the same INSERT statement sent with plain psycopg
-(documents built beforehand, untimed): what the database alone costs, the
-ceiling for ``enqueue_many``. ``--old-indexes`` swaps the three partial
-indexes of migration 0002 back to their 0001 full forms for the run (and
-restores them after), to measure what the index tuning saved.
+``--peers`` runs PGQueuer's enqueue (asyncpg, one ``enqueue`` call per job,
+then lists of 1,000) in the same run, interleaved with ours run by run, and
+prints our figures as ratios to theirs. ``--no-prepare`` measures ours with
+``CONTROLPLANE["PREPARED_STATEMENTS"] = False`` (as behind PgBouncer in
+transaction mode). ``--floor`` also times the same INSERT statement sent with
+plain psycopg (documents built beforehand, untimed). ``--old-indexes`` swaps
+the three partial indexes of migration 0002 back to their 0001 full forms for
+the run (and restores them after), to measure what the index tuning saved.
 """
 
 from __future__ import annotations
@@ -25,11 +33,16 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/bench_enqueue"
+QUEUE = "bench"
+
+from peers import cpu_seconds  # noqa: E402
 
 
 def ensure_database(url: str) -> None:
@@ -72,12 +85,19 @@ def empty_tables() -> None:
         cursor.execute("VACUUM ANALYZE controlplane_job")
 
 
+def backend_pid() -> int:
+    from django.db import connection
+
+    connection.ensure_connection()
+    return connection.connection.info.backend_pid
+
+
 def one_per_call(n: int, batch: int) -> float:
     from jobs.enqueue import enqueue
 
     started = time.perf_counter()
     for _ in range(n):
-        enqueue("sleep", {"seconds": 0})
+        enqueue("ping", {}, queue=QUEUE)
     return time.perf_counter() - started
 
 
@@ -87,7 +107,7 @@ def bulk(n: int, batch: int) -> float:
     started = time.perf_counter()
     for start in range(0, n, batch):
         size = min(batch, n - start)
-        enqueue_many([JobSpec("sleep", {"seconds": 0}) for _ in range(size)])
+        enqueue_many([JobSpec("ping", {}, queue=QUEUE) for _ in range(size)])
     return time.perf_counter() - started
 
 
@@ -126,43 +146,139 @@ def psycopg_floor(n: int, batch: int) -> tuple[float, float]:
     for start in range(0, n, batch):
         memo = module._Batch(1 << 20, now, min(batch, n - start))
         rows = [
-            module._prepare(JobSpec("sleep", {"seconds": 0}), memo)[0]
+            module._prepare(JobSpec("ping", {}, queue=QUEUE), memo)[0]
             for _ in range(min(batch, n - start))
         ]
-        docs.append((rows, module._rows_document(rows)))
-    statement = module.POSTGRES_INSERT
+        docs.append(module._statement(rows, now))
     connection.ensure_connection()
     raw = connection.connection  # the psycopg connection itself, in autocommit mode
     started, cpu = time.perf_counter(), time.process_time()
-    for _rows, doc in docs:
-        raw.execute(statement, [now, now, doc, now, ["default"]])
+    for statement, params in docs:
+        raw.execute(statement, params)
     return time.perf_counter() - started, time.process_time() - cpu
 
 
-def measure(name: str, func, n: int, batch: int, runs: int) -> float:
+class Figures:
+    """Rates and CPU per job of one measured thing over the runs."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rates: list[float] = []
+        self.client: list[float] = []
+        self.server: list[float] = []
+
+    def add(self, n: int, wall: float, client: float, server: float) -> None:
+        self.rates.append(n / wall)
+        self.client.append(client * 1e6 / n)
+        self.server.append(server * 1e6 / n)
+        print(
+            f"  {self.name}: {n} jobs in {wall:.3f} s = {n / wall:,.0f} jobs/s, CPU per job "
+            f"{client * 1e6 / n:.1f} us client + {server * 1e6 / n:.1f} us server",
+            flush=True,
+        )
+
+    def medians(self) -> tuple[float, float, float]:
+        return (
+            statistics.median(self.rates),
+            statistics.median(self.client),
+            statistics.median(self.server),
+        )
+
+    def line(self) -> str:
+        rate, client, server = self.medians()
+        return (
+            f"{self.name:44} {rate:>10,.0f}/s  CPU {client + server:7.1f} us/job "
+            f"({client:.1f} client + {server:.1f} server)"
+        )
+
+
+def measure_ours(figures: Figures, func: Callable, n: int, batch: int) -> None:
     from jobs.models import Job
 
-    rates, cpus = [], []
-    for run in range(1, runs + 1):
-        empty_tables()
+    empty_tables()
+    pid = backend_pid()
+    server = cpu_seconds(pid)
+    cpu = time.process_time()
+    elapsed = func(n, batch)
+    cpu = time.process_time() - cpu
+    if isinstance(elapsed, tuple):  # (wall, client CPU) of the timed part only
+        elapsed, cpu = elapsed
+    server = cpu_seconds(pid) - server
+    assert Job.objects.count() == n, "not every job was stored"
+    figures.add(n, elapsed, cpu, server)
+
+
+def measure(name: str, func, n: int, batch: int, runs: int) -> Figures:
+    figures = Figures(name)
+    for _ in range(runs):
+        measure_ours(figures, func, n, batch)
+    print(figures.line())
+    return figures
+
+
+class PGQueuerEnqueue:
+    """PGQueuer's own enqueue calls (bench/peers/pgqueuer_peer.py), timed like ours."""
+
+    def __init__(self) -> None:
+        from peers.pgqueuer_peer import PGQueuerSystem
+
+        self.system = PGQueuerSystem(database="enqueue_bench_pgqueuer")
+        self.system.setup()
+        self.pid = self.system._run(self._pid())
+
+    async def _pid(self) -> int:
+        return self.system.conn.get_server_pid()
+
+    def measure(self, figures: Figures, n: int, bulk: bool, batch: int) -> None:
+        self.system.reset()
+        self.system.sql.execute("VACUUM ANALYZE pgqueuer")
+        server = cpu_seconds(self.pid)
         cpu = time.process_time()
-        elapsed = func(n, batch)
+        started = time.perf_counter()
+        if bulk:
+            self.system.enqueue_bulk(n, batch)
+        else:
+            self.system.enqueue_single(n)
+        wall = time.perf_counter() - started
         cpu = time.process_time() - cpu
-        if isinstance(elapsed, tuple):  # (wall, client CPU) of the timed part only
-            elapsed, cpu = elapsed
-        assert Job.objects.count() == n, "not every job was stored"
-        rates.append(n / elapsed)
-        cpus.append(cpu * 1e6 / n)
-        print(
-            f"  {name} run {run}: {n} jobs in {elapsed:.3f} s = {n / elapsed:,.0f} jobs/s, "
-            f"client CPU {cpu * 1e6 / n:.1f} us/job"
+        stored = self.system.sql.execute("SELECT count(*) FROM pgqueuer").fetchone()[0]
+        assert stored == n, "not every PGQueuer job was stored"
+        figures.add(n, wall, cpu, cpu_seconds(self.pid) - server)
+
+    def close(self) -> None:
+        self.system.close()
+
+
+def compare(args: argparse.Namespace, single_n: int) -> None:
+    """Ours and PGQueuer's enqueue, interleaved run by run (the order alternates)."""
+    peer = PGQueuerEnqueue()
+    kinds = [] if args.skip_single else [("one per call", False, single_n)]
+    kinds.append((f"bulk x{args.batch}", True, args.jobs))
+    table: list[tuple[Figures, Figures]] = []
+    for label, is_bulk, n in kinds:
+        ours, theirs = Figures(f"ours, {label}"), Figures(f"pgqueuer, {label}")
+        func = bulk if is_bulk else one_per_call
+        for run in range(args.runs):
+            order = [0, 1] if run % 2 == 0 else [1, 0]
+            for which in order:
+                if which == 0:
+                    measure_ours(ours, func, n, args.batch)
+                else:
+                    peer.measure(theirs, n, is_bulk, args.batch)
+        table.append((ours, theirs))
+    peer.close()
+    print(f"\n== Medians of {args.runs} runs, ours and PGQueuer interleaved ==")
+    for ours, theirs in table:
+        print(ours.line())
+        print(theirs.line())
+        (rate, client, server), (their_rate, their_client, their_server) = (
+            ours.medians(),
+            theirs.medians(),
         )
-    median = statistics.median(rates)
-    print(
-        f"{name}: median {median:,.0f} jobs/s, client CPU {statistics.median(cpus):.1f} us/job "
-        f"over {runs} runs"
-    )
-    return median
+        print(
+            f"  -> rate {rate / their_rate:.2f}x PGQueuer's; "
+            f"CPU per job {(client + server) / (their_client + their_server):.2f}x theirs"
+        )
 
 
 def profile(n: int, batch: int) -> None:
@@ -194,6 +310,12 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile one bulk run")
     parser.add_argument("--skip-single", action="store_true")
     parser.add_argument("--floor", action="store_true", help="time plain psycopg INSERTs too")
+    parser.add_argument("--peers", action="store_true", help="PGQueuer's enqueue, interleaved")
+    parser.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="ours without server-side prepared statements (PgBouncer transaction mode)",
+    )
     parser.add_argument(
         "--old-indexes", action="store_true", help="measure with the 0001 (full) indexes"
     )
@@ -202,13 +324,23 @@ def main() -> None:
     url = os.environ.get("DATABASE_URL") or DEFAULT_URL
     ensure_database(url)
     setup(url)
+    if args.no_prepare:
+        from django.conf import settings
+
+        settings.CONTROLPLANE = {
+            **getattr(settings, "CONTROLPLANE", {}),
+            "PREPARED_STATEMENTS": False,
+        }
     single_n = args.single_jobs or max(1, args.jobs // 4)
     print(f"database {urlsplit(url)._replace(netloc=urlsplit(url).hostname or '').geturl()}")
     if args.old_indexes:
         swap_indexes(OLD_INDEXES)
         print("with the 0001 full job_parent_idx, job_finished_idx, job_worker_idx")
     try:
-        run_all(args, single_n)
+        if args.peers:
+            compare(args, single_n)
+        else:
+            run_all(args, single_n)
     finally:
         if args.old_indexes:
             swap_indexes(NEW_INDEXES)

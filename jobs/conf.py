@@ -73,6 +73,9 @@ DEFAULTS: dict[str, Any] = {
     # "json": one JSON line per job state change from the jobs/workers loggers
     # (jobs.logging_json); the demo settings also switch the formatter.
     "LOG_FORMAT": "plain",
+    # PostgreSQL: enqueue's INSERT as a server-side prepared statement (jobs.prepared);
+    # off by itself behind a transaction pooler or with OPTIONS prepare_threshold None.
+    "PREPARED_STATEMENTS": True,
     # Limits.
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     "DASHBOARD_STATEMENT_TIMEOUT_MS": 5000,

@@ -4,7 +4,8 @@
 in one statement per 1,000 jobs, inside the caller's transaction if there is
 one: the jobs exist only if the caller commits. On PostgreSQL the same
 statement sends one ``NOTIFY`` per queue (only the queue name: workers treat
-it as a hint and claim from the table).
+it as a hint and claim from the table), and is prepared once per connection
+where that is allowed (``jobs.prepared``; not behind a transaction pooler).
 
 A job with a ``unique_key`` whose key another job holds is not stored: the
 INSERT skips it (``ON CONFLICT DO NOTHING``, the database's unique index
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,6 +41,7 @@ from jobs.exceptions import EnqueueError
 from jobs.key_holders import key_holders
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job
 from jobs.operations import operation_spec
+from jobs.prepared import fetch_all
 from jobs.storable import first_unstorable, text_problem
 from jobs.tracing import describe_enqueue, enqueue_span, tracing_on
 from jobs.uniqueness import DEFAULT_UNIQUE_WHILE, MAX_KEY_LENGTH, UniqueWhile
@@ -164,7 +167,52 @@ def new_job_ids(n: int) -> list[uuid.UUID]:
     return out
 
 
-_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
+_encoder = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+
+
+class _PayloadEncoder(threading.local):
+    """``_encoder.encode`` with one C encoder per thread instead of one per call.
+
+    ``JSONEncoder.encode`` builds a C encoder for every call, which costs
+    more than encoding a small payload. The encoder's ``markers`` (the
+    containers being encoded, for the circular-reference check) are empty
+    after each success and cleared after a failure; per thread, so two
+    threads encoding the same dict never see each other's marks.
+    """
+
+    def __init__(self) -> None:
+        self.markers: dict[int, Any] = {}
+        self.encode = (
+            _c_make_encoder(
+                self.markers,
+                _encoder.default,
+                json.encoder.encode_basestring,  # ensure_ascii=False
+                None,
+                ":",
+                ",",
+                False,
+                False,
+                False,  # allow_nan
+            )
+            if _c_make_encoder is not None
+            else None
+        )
+
+
+_payload_encoder = _PayloadEncoder()
+
+
+def _dumps(value: Any) -> str:
+    """``value`` as compact JSON (no NaN, no ASCII escaping), like ``_encoder.encode``."""
+    local = _payload_encoder
+    if local.encode is None:  # pragma: no cover - CPython has the C encoder
+        return _encoder.encode(value)
+    try:
+        return "".join(local.encode(value, 0))
+    except BaseException:
+        local.markers.clear()
+        raise
 
 
 def _encode_payload(payload: dict[str, Any], limit: int) -> tuple[str, dict[str, list[str]]]:
@@ -174,6 +222,8 @@ def _encode_payload(payload: dict[str, Any], limit: int) -> tuple[str, dict[str,
     PostgreSQL's jsonb and lone surrogates are not Unicode. Both databases
     refuse them here, before anything is stored.
     """
+    if not payload:
+        return "{}", {}
     try:
         text = _dumps(payload)
     except ValueError as error:  # a non-finite float (allow_nan=False), or a cycle
@@ -183,10 +233,13 @@ def _encode_payload(payload: dict[str, Any], limit: int) -> tuple[str, dict[str,
         return "", {found[0]: [f"The value {found[1]}."]}
     except TypeError as error:
         return "", {"payload": [f"The payload is not JSON: {error}"]}
-    try:
-        size = len(text.encode())
-    except UnicodeEncodeError:
-        size = -1
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError:
+            size = -1
     if size < 0 or ("\\u0000" in text and first_unstorable(payload)):
         path, reason = first_unstorable(payload) or ("payload", "is not valid Unicode")
         return "", {path: [f"The value {reason}."]}
@@ -514,18 +567,20 @@ POSTGRES_INSERT = (
 )
 
 
+def _statement(rows: list[_Row], now: datetime) -> tuple[str, list[Any]]:
+    """PostgreSQL's INSERT of ``rows`` and its parameters (also timed alone by bench/enqueue.py)."""
+    # One JSON document for the whole batch: the statement text never
+    # changes and the payloads travel as they are, not re-encoded per column.
+    return POSTGRES_INSERT, [now, now, _rows_document(rows), now, sorted({r.queue for r in rows})]
+
+
 def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
     """Insert jobs and their ``job.enqueued`` events; return the ids actually inserted."""
     d = dialect(using)
+    if d.postgres:
+        # Prepared once per connection where allowed (jobs.prepared).
+        return {row[0] for row in fetch_all(using, *_statement(rows, now))}
     with connections[using].cursor() as cursor:
-        if d.postgres:
-            # One JSON document for the whole batch: the statement text never
-            # changes and the payloads travel as they are, not re-encoded per column.
-            cursor.execute(
-                POSTGRES_INSERT,
-                [now, now, _rows_document(rows), now, sorted({r.queue for r in rows})],
-            )
-            return {r[0] for r in cursor.fetchall()}
         values = (
             "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s, "
             "%s, %s, %s, %s)"
@@ -569,32 +624,26 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
 def _rows_document(rows: list[_Row]) -> str:
     """The batch as a JSON array, with each payload's JSON spliced in as it was serialised.
 
-    Operation, queue and run_after usually repeat across a batch: each
-    distinct value is encoded once. Keys that are null are left out
-    (``jsonb_to_recordset`` reads a missing key as NULL).
+    A batch usually repeats one operation, queue, priority, run_after and so
+    on: the text of those columns is made once per distinct combination and
+    each row adds only its id, payload and rare columns. Keys that are null
+    are left out (``jsonb_to_recordset`` reads a missing key as NULL).
     """
     dumps = json.dumps
-    texts: dict[Any, str] = {}
-
-    def text(value: Any) -> str:
-        encoded = texts.get(value)
-        if encoded is None:
-            if isinstance(value, datetime):
-                encoded = texts[value] = f'"{value.isoformat()}"'
-            else:
-                encoded = texts[value] = dumps(value)
-        return encoded
-
-    parts = [
-        f'{{"id":"{r.id}","operation":{text(r.operation)},"queue":{text(r.queue)},'
-        f'"payload":{r.payload_json},"priority":{r.priority},'
-        f'"run_after":{text(r.run_after)},'
-        f'"expires_at":{text(r.expires_at) if r.expires_at else "null"},'
-        f'"max_attempts":{r.max_attempts},'
-        f'"parent":{text(str(r.parent_id)) if r.parent_id else "null"}'
-        f"{_extras(r, dumps)}}}"
-        for r in rows
-    ]
+    commons: dict[tuple[Any, ...], str] = {}
+    parts = []
+    for r in rows:
+        key = (r.operation, r.queue, r.priority, r.run_after, r.expires_at, r.max_attempts)
+        common = commons.get(key)
+        if common is None:
+            common = commons[key] = (
+                f'"operation":{dumps(r.operation)},"queue":{dumps(r.queue)},'
+                f'"priority":{r.priority},"run_after":"{r.run_after.isoformat()}",'
+                + (f'"expires_at":"{r.expires_at.isoformat()}",' if r.expires_at else "")
+                + f'"max_attempts":{r.max_attempts}'
+            )
+        extras = _extras(r, dumps)
+        parts.append(f'{{"id":"{r.id}","payload":{r.payload_json},{common}{extras}}}')
     return "[" + ",".join(parts) + "]"
 
 
@@ -605,9 +654,10 @@ def _extras(row: _Row, dumps: Any) -> str:
         and row.timeout_seconds is None
         and row.schedule_id is None
         and row.trace_context is None
+        and row.parent_id is None
     ):
         return ""
-    out = ""
+    out = f',"parent":"{row.parent_id}"' if row.parent_id is not None else ""
     if row.unique_key is not None:
         out += f',"ukey":{dumps(row.unique_key)},"uwhile":{dumps(row.unique_while)}'
     if row.timeout_seconds is not None:

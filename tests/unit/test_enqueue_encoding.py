@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 
 import pytest
 
-from jobs.enqueue import _encode_payload, new_job_ids
+from jobs.enqueue import _dumps, _encode_payload, new_job_ids
 
 LIMIT = 1 << 20
 
@@ -62,3 +63,29 @@ def test_a_payload_that_contains_itself_is_refused():
     payload["me"] = payload
     _, errors = _encode_payload(payload, LIMIT)
     assert "refers to itself" in errors["payload"][0]
+
+
+def test_the_payload_encoder_recovers_from_a_cycle_and_serves_threads_apart():
+    cycle: dict = {}
+    cycle["self"] = cycle
+    with pytest.raises(ValueError, match="ircular"):
+        _dumps(cycle)
+    # The encoder is reused: a failure must not leave its containers marked as
+    # "being encoded", or the next encoding of them would look circular.
+    payload = {"x": [float("nan")]}
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        _dumps(payload)
+    payload["x"] = [1]
+    assert _dumps(payload) == '{"x":[1]}'
+    shared = {"a": [1, {"b": "é"}]}
+    results: list[str] = []
+
+    def encode_many() -> None:
+        results.extend(_dumps(shared) for _ in range(2000))
+
+    threads = [threading.Thread(target=encode_many) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == ['{"a":[1,{"b":"é"}]}'] * 8000

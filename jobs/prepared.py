@@ -1,0 +1,86 @@
+"""Server-side prepared statements for the hot statements (today: enqueue's INSERT).
+
+Django's psycopg connections bind parameters on the client and prepare
+nothing (``prepare_threshold = None``, so that connection poolers work): each
+statement travels as one text with its values quoted in, and the server
+parses and plans it anew. For the enqueue statement (a CTE over a JSON
+document: the jobs, their events and the NOTIFY) that parse and plan cost the
+server more CPU than the rows themselves when one job is enqueued per call,
+and quoting a 1,000-job document costs the client more than building it.
+``fetch_all`` sends such a statement with server-side binding and prepares
+it once per connection: the document travels apart from the text and the
+plan is reused. The enqueue plan does not depend on table sizes (an INSERT
+from a document; unique indexes arbitrate conflicts), so a plan made on an
+empty table stays right (PERF-NOTES, "Cached plans made on an empty table").
+
+Off, the statement is sent like every other query, when:
+
+- ``CONTROLPLANE["PREPARED_STATEMENTS"]`` (``CONTROLPLANE_PREPARED_STATEMENTS``)
+  is false;
+- the database's ``OPTIONS`` set ``prepare_threshold`` to None themselves
+  (psycopg's way to say "no prepared statements");
+- the database goes through a transaction pooler (``POOLER = "transaction"``,
+  ``jobs.pooling``): PgBouncer before 1.21 hands each transaction another
+  server connection, where the prepared statement does not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from django.db import connections
+
+from jobs.conf import knob
+from jobs.pooling import is_transaction_pooled
+
+# psycopg prepares only on connections whose threshold is set, and Django
+# leaves it None. A threshold no statement reaches makes psycopg prepare
+# exactly what is sent here (``prepare=True``) and nothing else by itself.
+_NEVER_BY_COUNT = 1 << 62
+
+
+class _PreparingCursor(psycopg.Cursor):
+    """Server-side binding, every statement prepared (psycopg keeps one per text)."""
+
+    def execute(self, query: Any, params: Any = None, *, prepare: Any = None, **kwargs: Any) -> Any:
+        return super().execute(query, params, prepare=True, **kwargs)
+
+
+def prepared_statements_on(using: str = "default") -> bool:
+    """Whether hot statements are prepared on ``using`` (see the module docstring)."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return False
+    if is_transaction_pooled(using):
+        return False
+    options = connection.settings_dict.get("OPTIONS") or {}
+    if "prepare_threshold" in options and options["prepare_threshold"] is None:
+        return False
+    return bool(knob("PREPARED_STATEMENTS"))
+
+
+def fetch_all(using: str, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Run ``statement`` on ``using`` (prepared when allowed); return its rows.
+
+    It goes through Django's cursor all the same: connection health checks,
+    ``execute_wrapper`` hooks, the query log and error wrapping see it as
+    any other query.
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if not prepared_statements_on(using):
+            cursor.execute(statement, params)
+            return cursor.fetchall()
+        client = cursor.cursor
+        raw = client.connection
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = _NEVER_BY_COUNT
+        cursor.cursor = _PreparingCursor(raw)
+        try:
+            cursor.execute(statement, params)
+            return cursor.fetchall()
+        finally:
+            cursor.cursor.close()
+            cursor.cursor = client

@@ -1,0 +1,85 @@
+"""Enqueue's INSERT as a server-side prepared statement (jobs.prepared), and without one.
+
+PostgreSQL only: SQLite has no prepared statements to speak of. Each test
+reads ``pg_prepared_statements`` of the very session that enqueued.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction
+
+from jobs.enqueue import POSTGRES_INSERT, JobSpec, enqueue, enqueue_many
+from jobs.models import Job, JobEvent
+from jobs.prepared import prepared_statements_on
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's"
+    ),
+]
+
+
+def prepared_enqueues() -> list[tuple[int, int]]:
+    """(generic, custom) plan counts of this session's prepared enqueue statements."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = %s",
+            [POSTGRES_INSERT.replace("%s", "$%d") % tuple(range(1, 6))],
+        )
+        return cursor.fetchall()
+
+
+def test_enqueue_prepares_its_insert_once_per_session_and_reuses_it():
+    assert prepared_statements_on("default")
+    first = enqueue("sleep", {"seconds": 0})
+    jobs = enqueue_many([JobSpec("sleep", {"seconds": i}) for i in range(3)])
+    enqueue("sleep", {"seconds": 1}, queue="other")
+    [(generic, custom)] = prepared_enqueues()
+    assert generic + custom == 3  # one statement, executed three times
+    assert Job.objects.filter(pk__in=[first.pk, *(j.pk for j in jobs)]).count() == 4
+    assert JobEvent.objects.filter(event="job.enqueued").count() == 5
+
+
+def test_a_rolled_back_enqueue_leaves_nothing_and_the_next_one_still_works():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue("sleep", {"seconds": 0})
+        raise RuntimeError("the caller changes its mind")
+    assert Job.objects.count() == 0 and JobEvent.objects.count() == 0
+    job = enqueue("sleep", {"seconds": 0})
+    assert Job.objects.get().pk == job.pk
+    assert list(JobEvent.objects.values_list("job_id", "seq", "event")) == [
+        (job.pk, 1, "job.enqueued")
+    ]
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["knob", "prepare_threshold", "pooler"],
+)
+def test_prepared_statements_can_be_switched_off(how, settings, monkeypatch):
+    """Behind PgBouncer in transaction mode nothing may be prepared (the next
+    transaction may run on another server connection)."""
+    if how == "knob":
+        settings.CONTROLPLANE = {
+            **getattr(settings, "CONTROLPLANE", {}),
+            "PREPARED_STATEMENTS": False,
+        }
+    elif how == "prepare_threshold":
+        options = {**connection.settings_dict.get("OPTIONS", {}), "prepare_threshold": None}
+        monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    else:
+        monkeypatch.setitem(connection.settings_dict, "POOLER", "transaction")
+    assert not prepared_statements_on("default")
+    job = enqueue("sleep", {"seconds": 0})
+    enqueue_many([JobSpec("sleep", {"seconds": 0}) for _ in range(3)])
+    assert prepared_enqueues() == []
+    assert Job.objects.count() == 4 and Job.objects.filter(pk=job.pk).exists()
+
+
+def test_the_environment_switches_them_off_too(monkeypatch):
+    monkeypatch.setenv("CONTROLPLANE_PREPARED_STATEMENTS", "false")
+    assert not prepared_statements_on("default")
+    enqueue("sleep", {"seconds": 0})
+    assert prepared_enqueues() == []
