@@ -106,35 +106,39 @@ def measure_lag() -> float | None:
 def health() -> Health:
     """The replica's last known lag, measured again when older than ``REPLICA_CHECK_SECONDS``.
 
-    One thread per process measures at a time; a replica that cannot be
-    reached counts as too stale until the next check.
+    One thread per process measures at a time; the others meanwhile go on
+    with the last measure (the primary when there is none), so a replica
+    that hangs holds up one request, not the process. A replica that cannot
+    be reached counts as too stale until the next check.
     """
     global _health
-    ttl = float(knob("REPLICA_CHECK_SECONDS"))
-    with _health_lock:
-        now = time.monotonic()
-        if _health is not None and now - _health.checked_at < ttl:
-            return _health
+    current = _health
+    now = time.monotonic()
+    if current is not None and now - current.checked_at < float(knob("REPLICA_CHECK_SECONDS")):
+        return current
+    if not _health_lock.acquire(blocking=False):
+        return current or Health(now, None, "The replica is being measured.")
+    try:
         try:
             _health = Health(now, measure_lag())
         except (OperationalError, DjangoInterfaceError) as error:
             connections[REPLICA].close()
             _health = Health(now, None, str(error).strip())
         return _health
+    finally:
+        _health_lock.release()
 
 
 def mark_down(error: BaseException) -> None:
     """Send reads to the primary until the next check (the replica just failed a read)."""
     global _health
-    with _health_lock:
-        _health = Health(time.monotonic(), None, str(error).strip())
+    _health = Health(time.monotonic(), None, str(error).strip())
 
 
 def forget() -> None:
     """Drop the remembered health (tests; a process that knows the replica changed)."""
     global _health
-    with _health_lock:
-        _health = None
+    _health = None
 
 
 # --- choosing where a scope reads ---------------------------------------------------

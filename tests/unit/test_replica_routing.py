@@ -81,3 +81,14 @@ def test_the_replica_alias_copies_the_primary_and_is_never_a_test_database() -> 
     assert (config["HOST"], config["PORT"], config["USER"]) == ("replica.internal", 5433, "reader")
     assert config["TEST"] == {"MIRROR": "default"}
     assert config["OPTIONS"]["connect_timeout"] == 2
+
+
+def test_while_one_thread_measures_the_others_keep_the_last_measure() -> None:
+    replica.forget()
+    try:
+        with replica._health_lock:  # another thread is measuring
+            assert replica.health().lag is None  # nothing known yet: the primary
+            replica._health = old = replica.Health(time.monotonic() - 3600, 0.5)
+            assert replica.health() is old  # out of date, but nobody waits for the measure
+    finally:
+        replica.forget()

@@ -1,6 +1,6 @@
 """A real streaming replica of the local PostgreSQL cluster, for the read-replica tests.
 
-Once per session (``standby``): ``pg_basebackup -R`` of the cluster that holds
+Once for this package (``standby``): ``pg_basebackup -R`` of the cluster that holds
 the test database, into a temporary directory, started with ``pg_ctl`` on its
 own port as the ``postgres`` OS user (PostgreSQL refuses root). The backup is
 taken after pytest-django created and migrated the test database, so the
@@ -210,7 +210,7 @@ def _drop_abandoned_slots() -> None:
 
 
 def _drop_slot(name: str) -> None:
-    """Drop this session's slot once the stopped standby's WAL sender let go of it."""
+    """Drop the slot once the stopped standby's WAL sender let go of it."""
     from django.db import connection
 
     def released() -> bool:
@@ -290,12 +290,13 @@ def _start_standby() -> Standby:
     return standby
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def standby(django_db_setup, django_db_blocker) -> Iterator[Standby]:
     """A hot standby of the local cluster, streaming from it, and the ``replica`` alias on it.
 
-    It depends on ``django_db_setup``, so it is stopped before the test
-    database is dropped.
+    Package-scoped: it stops when these tests are done, so the rest of a
+    session does not pay for replaying its writes, and before the test
+    database is dropped (it depends on ``django_db_setup``).
     """
     from django.db import connections
 
