@@ -44,6 +44,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -77,6 +78,7 @@ class Wal:
     total: int = 0
     fpi: int = 0
     records: int = 0
+    seen: bool = False  # pg_waldump printed anything at all
     xids: int = 0  # transaction ids this database's records carry (what freezing must age out)
     by_relation: dict[str, int] = field(default_factory=dict)
     cluster: int = 0  # every byte written between the marks, by anyone
@@ -131,55 +133,75 @@ class WalMeter:
                 raise RuntimeError(f"WAL not flushed up to {end} after 30 s")
             time.sleep(0.05)
         cluster = self.engine.sql("SELECT %s::pg_lsn - %s::pg_lsn", [end, start])[0][0]
-        out = subprocess.run(
+        # Streamed: while a neighbour bulk-loads, the range holds gigabytes of their WAL.
+        dump = subprocess.Popen(
             [self.waldump, "-b", "-p", str(self.wal_dir), "-s", start, "-e", end],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            check=False,
         )
-        if not out.stdout:
-            raise RuntimeError(f"pg_waldump read nothing from {start} to {end}: {out.stderr}")
-        wal = self._attribute(out.stdout)
+        assert dump.stdout is not None
+        wal = self._attribute(dump.stdout)
+        stderr = dump.stderr.read() if dump.stderr else ""
+        dump.wait()
+        if not wal.seen:
+            raise RuntimeError(f"pg_waldump read nothing from {start} to {end}: {stderr}")
         wal.cluster = int(cluster)
         self.engine.sql("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", [self.slot, end])
         return wal
 
-    def _attribute(self, text: str) -> Wal:
-        # Records as (tx, total bytes, full-page bytes, relfilenodes of this database, any rel).
-        records: list[tuple[int, int, int, list[str], bool]] = []
-        for line in text.splitlines():
-            if line.startswith("rmgr:"):
-                m = _RECORD.search(line)
-                if not m:
-                    continue
-                records.append((int(m.group(3)), int(m.group(2)), 0, [], False))
-                if f" db {self.db_oid} " in line + " ":
-                    records[-1][3].append("(locks)")
-            elif line.lstrip().startswith("blkref") and records:
-                ref = _BLOCK_REF.search(line)
-                if not ref:
-                    continue
-                tx, tot, fpi, rels, _ = records[-1]
-                if "(FPW)" in line:
-                    hole = _HOLE.search(line)
-                    saved = _SAVED.search(line)
-                    fpi += BLOCK - (int(hole.group(1)) if hole else 0)
-                    fpi -= int(saved.group(1)) if saved else 0
-                if ref.group(2) == self.db_oid:
-                    rels.append(ref.group(3))
-                records[-1] = (tx, tot, fpi, rels, True)
-        ours = {tx for tx, _, _, rels, _ in records if rels and tx}
+    def _attribute(self, lines: Iterable[str]) -> Wal:
+        """Sum the records of this database, and the others (commits) of its transactions.
+
+        One pass: records of other databases are only kept as sums per transaction id,
+        added at the end for the ids that turned out to be ours.
+        """
         names = self._relation_names()
         wal = Wal()
         by_relation: dict[str, int] = defaultdict(int)
-        for tx, tot, fpi, rels, _ in records:
-            if not rels and tx not in ours:
-                continue
-            wal.total += tot
-            wal.fpi += fpi
-            wal.records += 1
-            label = names.get(rels[0], f"relfilenode {rels[0]}") if rels else "commit/other"
+        ours: set[int] = set()
+        others: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # tx -> tot, fpi, n
+        record: list | None = None  # [tx, tot, fpi, relfilenode of ours or None, locks]
+
+        def close(rec: list | None) -> None:
+            if rec is None:
+                return
+            tx, tot, fpi, rel, locks = rec
+            if rel is None and not locks:
+                if tx:
+                    sums = others[tx]
+                    sums[0], sums[1], sums[2] = sums[0] + tot, sums[1] + fpi, sums[2] + 1
+                return
+            if tx:
+                ours.add(tx)
+            wal.total, wal.fpi, wal.records = wal.total + tot, wal.fpi + fpi, wal.records + 1
+            label = names.get(rel, f"relfilenode {rel}") if rel else "locks"
             by_relation[label] += tot
+
+        for line in lines:
+            wal.seen = True
+            if line.startswith("rmgr:"):
+                close(record)
+                m = _RECORD.search(line)
+                record = None
+                if m:
+                    locks = f" db {self.db_oid} " in line.rstrip("\n") + " "
+                    record = [int(m.group(3)), int(m.group(2)), 0, None, locks]
+            elif record is not None and line.lstrip().startswith("blkref"):
+                ref = _BLOCK_REF.search(line)
+                if not ref:
+                    continue
+                if "(FPW)" in line:
+                    hole, saved = _HOLE.search(line), _SAVED.search(line)
+                    record[2] += BLOCK - (int(hole.group(1)) if hole else 0)
+                    record[2] -= int(saved.group(1)) if saved else 0
+                if ref.group(2) == self.db_oid and record[3] is None:
+                    record[3] = ref.group(3)
+        close(record)
+        for tx in ours & others.keys():
+            tot, fpi, n = others[tx]
+            wal.total, wal.fpi, wal.records = wal.total + tot, wal.fpi + fpi, wal.records + n
+            by_relation["commit/other"] += tot
         wal.by_relation = dict(by_relation)
         wal.xids = len(ours)
         return wal
