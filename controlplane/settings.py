@@ -1,6 +1,7 @@
 """Settings for the control plane.
 
-Everything an operator changes comes from the environment: ``DATABASE_URL``,
+Everything an operator changes comes from the environment: ``DATABASE_URL``
+(behind PgBouncer also ``DATABASE_DIRECT_URL``, ``CONTROLPLANE_DB_POOLER``: ``jobs.pooling``),
 ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS`` and one
 ``CONTROLPLANE_<KNOB>`` variable per timing knob (see ``jobs.conf``).
 """

@@ -57,8 +57,13 @@ def test_a_killed_worker_s_job_is_requeued_long_before_its_lease_runs_out(worker
         message="the killed worker's job requeued by the liveness check",
     )
     assert events(job)[-1] == "job.lease_expired_requeue"
-    assert not Worker.objects.filter(pk=doomed_id).exists()
-    assert "reaper.workers_lost" in reaper.output()
+    # The row goes in the reaper's next statement, after the rescue's commit.
+    wait_for(
+        lambda: not Worker.objects.filter(pk=doomed_id).exists(),
+        timeout=10,
+        message="the lost worker's row removed",
+    )
+    wait_for(lambda: "reaper.workers_lost" in reaper.output(), timeout=10, message="its log")
     # A new worker takes the job up again.
     job_after = enqueue("ping", {})
     rescuer = worker(args=("--concurrency", "2"))
