@@ -53,6 +53,9 @@ from jobs.tables import EVENT_TABLE, JOB_TABLE
 DEFAULT_PARTITION = f"{EVENT_TABLE}_default"
 PARTITION_PREFIX = f"{EVENT_TABLE}_p"
 TERMINAL = "('succeeded', 'failed', 'cancelled')"
+# Serialises partition changes across reapers (a transaction-level advisory lock:
+# released at commit, so it is safe behind PgBouncer in transaction mode).
+_LOCK_KEY = 0x6A6F6265_76656E74  # "jobevent"
 _BOUNDS = re.compile(r"FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
 
 
@@ -187,6 +190,10 @@ def attach_partition(start: datetime, end: datetime) -> str:
     """
     name, low, high = partition_name(start), id_at(start), id_at(end)
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+        cursor.execute("SELECT to_regclass(%s)", [name])
+        if cursor.fetchone()[0] is not None:
+            return name  # another reaper made it meanwhile
         cursor.execute(
             f'CREATE TABLE "{name}" (LIKE {EVENT_TABLE} '
             "INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)"
@@ -229,14 +236,19 @@ def retire_partitions(
     for part in event_partitions()[:limit]:
         if part.end > cutoff:
             break
-        kept, moved = retire_partition(part, cutoff, lock_timeout_ms=lock_timeout_ms)
+        done = retire_partition(part, cutoff, lock_timeout_ms=lock_timeout_ms)
+        if done is None:
+            break  # another reaper is at it
+        kept, moved = done
         result.dropped += 1
         result.kept_jobs += kept
         result.moved_events += moved
     return result
 
 
-def retire_partition(part: Partition, cutoff: datetime, *, lock_timeout_ms: int) -> tuple[int, int]:
+def retire_partition(
+    part: Partition, cutoff: datetime, *, lock_timeout_ms: int
+) -> tuple[int, int] | None:
     """Drop one partition, moving the events of its surviving jobs to DEFAULT first.
 
     The survivors are found without blocking anyone, with the partition's
@@ -244,9 +256,20 @@ def retire_partition(part: Partition, cutoff: datetime, *, lock_timeout_ms: int)
     table (held for the detach, the copy and the drop only, and waited for at
     most ``lock_timeout_ms``), a changed newest id means a job of the period
     wrote an event meanwhile (every state change does), so the survivors are
-    found again. Returns (surviving jobs, events moved).
+    found again. Returns (surviving jobs, events moved), or None when another
+    reaper holds the partition lock (it drops the partition itself).
     """
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return None
+        cursor.execute(
+            "SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(%s) "
+            "AND inhparent = to_regclass(%s)",
+            [part.name, EVENT_TABLE],
+        )
+        if cursor.fetchone() is None:
+            return None  # dropped by another reaper since we listed it
         name = f'"{part.name}"'
         params = {"low": part.low, "high": part.high, "cutoff": cutoff}
         cursor.execute(_SURVIVORS, params)

@@ -198,3 +198,22 @@ def test_a_period_still_inside_the_retention_is_kept():
     result = retire_partitions(timezone.now() - DAY * 7)
     assert result.dropped == 0 and names() == before
     assert partition_of(job) != {DEFAULT_PARTITION}
+
+
+def test_a_reaper_leaves_the_drop_to_another_that_holds_the_partition_lock():
+    import psycopg
+
+    from jobs.partitions import _LOCK_KEY
+    from tests.conftest import database_url_for_subprocess
+
+    [old] = past_partitions(days_ago=12, count=1)
+    other = psycopg.connect(database_url_for_subprocess().replace("postgres://", "postgresql://"))
+    try:
+        with other.transaction():
+            other.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+            assert retire_partitions(timezone.now() - DAY * 7).dropped == 0
+            assert old in names()
+    finally:
+        other.close()
+    assert retire_partitions(timezone.now() - DAY * 7).dropped >= 1
+    assert old not in names()
