@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 
+import httpx
 import pytest
 from django.db import connections
 from django.test import Client
@@ -20,6 +21,7 @@ from jobs.models import Job
 from tests.integration.api.conftest import ROLE_PERMISSIONS, Api
 from tests.integration.api.conftest import make_user as make_api_user
 from tests.integration.dashboard.helpers import claim, make_user, queued, unique_queue
+from tests.integration.web.conftest import start_serve
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "replica"])
 
@@ -202,3 +204,32 @@ def test_database_replica_url_configures_real_processes(replica, start_process) 
     shell = start_process("shell", "-c", script, env=env)
     assert shell.wait(timeout=60) == 0, shell.output()
     assert "['default', 'replica'] ['jobs.replica.ReplicaRouter'] False True" in shell.output()
+
+
+def test_serve_reads_lists_from_the_replica_through_a_pool_of_its_own(replica, tmp_path) -> None:
+    """The production web setup (``manage.py serve``, pooled connections) with the setting."""
+    queue = unique_queue()
+    replica.pause_replay()
+    job = queued(queue=queue)
+    headers = api_client().headers  # made after the pause: authentication reads the primary
+    url = f"postgres://postgres@127.0.0.1:{replica.port}/{replica.dbname}"
+    env = {"DATABASE_REPLICA_URL": url, "CONTROLPLANE_REPLICA_MAX_LAG_SECONDS": "3600"}
+    served = start_serve(tmp_path, processes=1, threads=2, env=env)
+
+    def get(path: str, **params: str) -> httpx.Response:
+        return httpx.get(
+            served.url + path, params=params, headers=headers, trust_env=False, timeout=30
+        )
+
+    try:
+        listed = get("/jobs", queue=queue)
+        assert listed.status_code == 200, listed.text
+        assert listed.json()["results"] == []  # the paused replica
+        assert get(f"/jobs/{job.pk}").json()["status"] == "queued"  # the primary
+        pooled = replica.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)",
+            [sorted(served.process_names())],
+        )
+        assert pooled >= 1, "no pooled web connection on the replica"
+    finally:
+        served.stop()
