@@ -26,8 +26,8 @@ never applied (that happens only while the test databases are set up), so the
 alias really connects to the standby. The settings path itself
 (``DATABASE_REPLICA_URL``) is exercised by real processes.
 
-PostgreSQL only; on SQLite these tests skip. A missing tool skips them, except
-under ``CI=true`` where it fails them.
+PostgreSQL only; on SQLite these tests skip, and on a cluster too big to copy
+quickly. A missing tool skips them, except under ``CI=true`` where it fails them.
 """
 
 from __future__ import annotations
@@ -258,8 +258,8 @@ def _start_standby() -> Standby:
     ):
         unavailable(f"pg_basebackup and pg_ctl ({bin_dir}) and runuser are needed.")
     cluster_mb = int(_primary_query("SELECT sum(pg_database_size(oid)) / 1048576 FROM pg_database"))
-    if cluster_mb > MAX_CLUSTER_MB:
-        unavailable(
+    if cluster_mb > MAX_CLUSTER_MB:  # benchmark databases, not a missing tool: skip even in CI
+        pytest.skip(
             f"The local cluster holds {cluster_mb} MB, more than the {MAX_CLUSTER_MB} MB "
             "a test base backup may copy (CONTROLPLANE_TEST_REPLICA_MAX_CLUSTER_MB)."
         )
