@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/enqueue.py [--jobs N] [--runs 3] [--batch 1000] [--profile]
                                       [--floor] [--old-indexes] [--peers] [--no-prepare]
+                                      [--pickup N]
 
 ``DATABASE_URL`` selects the database (default
 postgres://postgres@127.0.0.1:5432/bench_enqueue); it is created if missing
@@ -21,6 +22,11 @@ transaction mode). ``--floor`` also times the same INSERT statement sent with
 plain psycopg (documents built beforehand, untimed). ``--old-indexes`` swaps
 the three partial indexes of migration 0002 back to their 0001 full forms for
 the run (and restores them after), to measure what the index tuning saved.
+
+``--pickup N`` splits the pickup latency of N jobs (one real ``runworker``,
+idle, woken by NOTIFY; one job at a time) into the ``enqueue()`` call, the
+moment a bare ``LISTEN`` connection in this process sees the NOTIFY, and the
+worker's claim (the ``job.started`` event's ``ts``: its transaction's start).
 """
 
 from __future__ import annotations
@@ -30,8 +36,11 @@ import cProfile
 import io
 import os
 import pstats
+import signal
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -281,6 +290,102 @@ def compare(args: argparse.Namespace, single_n: int) -> None:
         )
 
 
+def pickup_split(samples: int, warmup: int = 5) -> None:
+    """Where pickup latency goes: enqueue call, NOTIFY arrival, claim start (see the docstring)."""
+    import psycopg
+    from django.db import connection
+
+    from jobs.enqueue import enqueue
+    from jobs.wakeups import NOTIFY_CHANNEL
+
+    queue = "pickup"
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM controlplane_worker")
+    empty_tables()
+    arrivals: list[float] = []
+    listening = threading.Event()
+
+    def listen() -> None:
+        params = connection.get_connection_params()
+        for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+            params.pop(key, None)
+        with psycopg.connect(autocommit=True, **params) as conn:
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            listening.set()
+            for _ in conn.notifies():
+                arrivals.append(time.time())
+
+    threading.Thread(target=listen, daemon=True).start()
+    listening.wait(10)
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "runworker", "--queue", queue, "--concurrency", "8"],
+        cwd=ROOT,
+        env={**os.environ, "CONTROLPLANE_POLL_SECONDS": "5"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    rows: list[tuple[float, float, float, float]] = []
+    try:
+        deadline = time.monotonic() + 90
+        while not _count("SELECT count(*) FROM controlplane_worker"):
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the worker did not start")
+            time.sleep(0.1)
+        time.sleep(1.0)  # its LISTEN connection settles
+        for index in range(samples + warmup):
+            seen = len(arrivals)
+            called = time.time()
+            job = enqueue("ping", {}, queue=queue)
+            returned = time.time()
+            started = _started(job.id)
+            note = next((t for t in arrivals[seen:] if t >= called), float("nan"))
+            if index >= warmup:
+                rows.append((returned - called, note - called, started - note, started - called))
+            time.sleep(0.02)  # the worker is idle again before the next job
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(30)
+    names = (
+        "enqueue() call (validate, INSERT, commit)",
+        "call -> NOTIFY seen by a bare listener",
+        "NOTIFY seen -> the worker's claim starts",
+        "call -> claim starts (pickup)",
+    )
+    print(f"pickup split over {len(rows)} jobs (ms):")
+    for column, name in enumerate(names):
+        values = sorted(r[column] * 1000 for r in rows if r[column] == r[column])
+        p50, p95 = values[len(values) // 2], values[int(len(values) * 0.95)]
+        print(f"  {name:44} p50 {p50:7.2f}  p95 {p95:7.2f}")
+
+
+def _count(statement: str) -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(statement)
+        return cursor.fetchone()[0]
+
+
+def _started(job_id: object, timeout: float = 30.0) -> float:
+    """The ``ts`` of the job's ``job.started`` event (epoch seconds), waited for."""
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT ts FROM controlplane_jobevent WHERE job_id = %s AND event = 'job.started'",
+                [job_id],
+            )
+            row = cursor.fetchone()
+        if row:
+            return row[0].timestamp()
+        if time.monotonic() > deadline:
+            raise RuntimeError("a job was not picked up in time")
+        time.sleep(0.002)
+
+
 def profile(n: int, batch: int) -> None:
     empty_tables()
     profiler = cProfile.Profile()
@@ -312,6 +417,9 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="time plain psycopg INSERTs too")
     parser.add_argument("--peers", action="store_true", help="PGQueuer's enqueue, interleaved")
     parser.add_argument(
+        "--pickup", type=int, default=0, metavar="N", help="split the pickup latency of N jobs"
+    )
+    parser.add_argument(
         "--no-prepare",
         action="store_true",
         help="ours without server-side prepared statements (PgBouncer transaction mode)",
@@ -337,7 +445,9 @@ def main() -> None:
         swap_indexes(OLD_INDEXES)
         print("with the 0001 full job_parent_idx, job_finished_idx, job_worker_idx")
     try:
-        if args.peers:
+        if args.pickup:
+            pickup_split(args.pickup)
+        elif args.peers:
             compare(args, single_n)
         else:
             run_all(args, single_n)
