@@ -35,6 +35,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, router
 from django.db import InterfaceError as DjangoInterfaceError
 from django.http import HttpRequest, HttpResponse
@@ -261,14 +262,28 @@ class StickyPrimaryMiddleware:
 
     The cookie goes with every response to a non-safe method (a dashboard
     action's redirect included), so the page that follows shows the change
-    even while the replica is still replaying it.
+    even while the replica is still replaying it. Sync and async capable: a
+    parked long-poll holds no thread for it.
     """
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
+    sync_capable = True
+    async_capable = True
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        response = self.get_response(request)
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self._acall(request)
+        return self.pin(request, self.get_response(request))
+
+    async def _acall(self, request: HttpRequest) -> HttpResponse:
+        return self.pin(request, await self.get_response(request))
+
+    @staticmethod
+    def pin(request: HttpRequest, response: HttpResponse) -> HttpResponse:
         seconds = float(knob("REPLICA_STICKY_SECONDS"))
         if request.method not in SAFE_METHODS and seconds > 0:
             response.set_cookie(

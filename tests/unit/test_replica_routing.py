@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 
 import pytest
+from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
 from django.test import RequestFactory
@@ -52,6 +54,19 @@ def test_a_write_pins_the_client_to_the_primary_for_a_while(settings) -> None:
 
     settings.CONTROLPLANE = {"REPLICA_STICKY_SECONDS": 0.0}
     assert STICKY_COOKIE not in middleware(factory.post("/jobs/x/cancel")).cookies
+
+
+def test_the_sticky_middleware_stays_async_for_async_views(settings) -> None:
+    """A parked long-poll (an async view) must not hold a thread for it."""
+
+    async def view(request):
+        return HttpResponse("ok")
+
+    settings.CONTROLPLANE = {"REPLICA_STICKY_SECONDS": 5.0}
+    middleware = StickyPrimaryMiddleware(view)
+    assert iscoroutinefunction(middleware)
+    response = asyncio.run(middleware(RequestFactory().post("/workers/x/claim")))
+    assert STICKY_COOKIE in response.cookies
 
 
 def test_the_router_reads_the_replica_only_inside_a_scope_and_until_a_write() -> None:
