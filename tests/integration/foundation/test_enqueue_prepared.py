@@ -11,6 +11,7 @@ from django.db import connection, transaction
 
 from jobs.enqueue import POSTGRES_INSERT, JobSpec, enqueue, enqueue_many
 from jobs.models import Job, JobEvent
+from jobs.pooling import is_transaction_pooled
 from jobs.prepared import prepared_statements_on
 
 pytestmark = [
@@ -31,6 +32,10 @@ def prepared_enqueues() -> list[tuple[int, int]]:
         return cursor.fetchall()
 
 
+@pytest.mark.skipif(
+    connection.vendor == "postgresql" and is_transaction_pooled("default"),
+    reason="behind a transaction pooler nothing is prepared (the test below)",
+)
 def test_enqueue_prepares_its_insert_once_per_session_and_reuses_it():
     assert prepared_statements_on("default")
     first = enqueue("sleep", {"seconds": 0})
