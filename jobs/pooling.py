@@ -95,11 +95,6 @@ def is_transaction_pooled(alias: str = "default") -> bool:
     return connections[alias].settings_dict.get("POOLER") == TRANSACTION_POOLER
 
 
-def prepared_statements_allowed(alias: str = "default") -> bool:
-    """Whether code may ask for server-side prepared statements (``prepare=True``) on ``alias``."""
-    return not is_transaction_pooled(alias)
-
-
 def session_conninfo(alias: str = "default") -> dict[str, Any] | None:
     """psycopg ``connect()`` keywords for a connection that keeps its session.
 
