@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from django.apps import AppConfig
 
 
@@ -21,3 +23,25 @@ class DevServerConfig(AppConfig):
     name = "daphne"
     label = "daphne"
     verbose_name = "Daphne (development server)"
+
+
+class StartedConfig(AppConfig):
+    """Last in ``INSTALLED_APPS``: set-up is over, so the cyclic collector runs again.
+
+    ``manage.py`` switches the collector off for the set-up (a tenth of a
+    worker's start-up CPU went to walking objects that live as long as the
+    process). Here what set-up made is frozen out of the collector's way
+    (``gc.freeze``: later collections, and the pages of forked
+    ``runworker --processes`` children, leave it alone) and collection
+    resumes. A process that set Django up otherwise (ASGI, tests) had the
+    collector on all along and is left as it is.
+    """
+
+    name = "controlplane"
+    label = "controlplane_started"
+    verbose_name = "Control plane deployment"
+
+    def ready(self) -> None:
+        if not gc.isenabled():
+            gc.freeze()
+            gc.enable()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, cast
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -32,7 +31,7 @@ ALLOWED_HOSTS = [
 ]
 
 INSTALLED_APPS = [
-    "controlplane.apps.DevServerConfig",  # Daphne's runserver (ASGI, WebSockets), loaded lazily
+    "controlplane.apps.DevServerConfig",  # Daphne's runserver: ASGI, WebSockets; loads Daphne lazily
     # The control plane's apps, as a host project adds them (README).
     *CONTROLPLANE_APPS,
     "django.contrib.admin",
@@ -41,6 +40,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "controlplane.apps.StartedConfig",  # last: set-up is over (see manage.py)
 ]
 
 MIDDLEWARE = [
@@ -130,7 +130,7 @@ def _database_config() -> dj_database_url.DBConfig:
         # liveness locks; CONTROLPLANE_DB_POOLER=transaction|none overrides
         # the guess (a direct URL to another server means pooled). See jobs.pooling.
         configure_database(
-            cast(dict[str, Any], config),  # a TypedDict to mypy, a dict at run time
+            config,
             direct_url=os.environ.get("DATABASE_DIRECT_URL"),
             pooler=os.environ.get("CONTROLPLANE_DB_POOLER"),
         )
