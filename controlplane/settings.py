@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -31,7 +32,7 @@ ALLOWED_HOSTS = [
 ]
 
 INSTALLED_APPS = [
-    "controlplane.apps.DevServerConfig",  # Daphne's runserver: ASGI, WebSockets; loads Daphne lazily
+    "controlplane.apps.DevServerConfig",  # Daphne's runserver (ASGI, WebSockets), loaded lazily
     # The control plane's apps, as a host project adds them (README).
     *CONTROLPLANE_APPS,
     "django.contrib.admin",
@@ -130,7 +131,7 @@ def _database_config() -> dj_database_url.DBConfig:
         # liveness locks; CONTROLPLANE_DB_POOLER=transaction|none overrides
         # the guess (a direct URL to another server means pooled). See jobs.pooling.
         configure_database(
-            config,
+            cast(dict[str, Any], config),  # a TypedDict to mypy, a dict at run time
             direct_url=os.environ.get("DATABASE_DIRECT_URL"),
             pooler=os.environ.get("CONTROLPLANE_DB_POOLER"),
         )
