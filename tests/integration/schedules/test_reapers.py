@@ -46,8 +46,8 @@ def test_two_reapers_fire_each_slot_of_an_every_second_schedule_exactly_once(sta
     schedule = create_schedule(
         {"operation": "ping", "every_seconds": 1, "catch_up": "all", "queue": unique_queue()}
     )
-    # Long passes: the fires between them come from each reaper's FireTimer.
-    reapers = [start_process("reaper", "--interval", "5") for _ in range(2)]
+    # Passes 30 s apart: the fires between them come from each reaper's FireTimer.
+    reapers = [start_process("reaper", "--interval", "30") for _ in range(2)]
     wait_for(
         lambda: ScheduleFire.objects.filter(schedule=schedule).count() >= SLOTS,
         timeout=SLOTS + 30,
@@ -72,14 +72,15 @@ def test_two_reapers_fire_each_slot_of_an_every_second_schedule_exactly_once(sta
     assert sorted(stamped) == sorted(slot.isoformat() for slot in slots)
     # The two logs account for every job between them.
     assert sum(fired_in_log(r.output()) for r in reapers) == len(jobs)
-    # On time: each slot fired within a second of its time, most much sooner.
+    # On time: from the timers, not the passes (those would leave a median lag of about
+    # 15 s). The bound is loose on purpose: a loaded 2-core machine delays a timer by 1 s.
     late = sorted(
         (fired_at - fire_at).total_seconds()
         for fire_at, fired_at in ScheduleFire.objects.filter(schedule=schedule).values_list(
             "fire_at", "fired_at"
         )
     )
-    assert late[0] >= 0 and late[len(late) // 2] < 0.5, late
+    assert late[0] >= 0 and late[len(late) // 2] < 5, late
 
 
 def test_the_reaper_syncs_schedules_declared_in_code_when_it_starts(start_process):
