@@ -53,7 +53,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 from engine import QUEUE, EngineSystem  # noqa: E402
-from peers import LOG_DIR, WorkerGroup, cpu_seconds, median  # noqa: E402
+from peers import LOG_DIR, WorkerGroup, cpu_seconds, median, python  # noqa: E402
 
 TABLES = (
     "controlplane_job",
@@ -350,7 +350,7 @@ def vacuum(engine: EngineSystem, full: bool = False) -> None:
 def retention(by_delete: bool) -> None:
     """What the reaper's retention does once every job is past the cutoff.
 
-    Partitioned events (PostgreSQL, migration 0013): the event partitions
+    Partitioned events (PostgreSQL, `controlplane_partition_events`): the event partitions
     are dropped whole, then the job rows go by the batched DELETE. With
     ``by_delete`` (or a plain events table), the jobs and their events go
     by the batched DELETE alone.
@@ -647,7 +647,8 @@ def main() -> None:
         "--retention",
         choices=("partitions", "delete"),
         default="partitions",
-        help="partitioned events: drop their partitions (the reaper's way) or DELETE them",
+        help="partitions: partition the events table first (controlplane_partition_events) and "
+        "drop them as the reaper does; delete: a plain table, DELETE",
     )
     parser.add_argument("--database", default="capacity_bench")
     args = parser.parse_args()
@@ -655,6 +656,10 @@ def main() -> None:
 
     engine = EngineSystem(BENCH_DIR.parent, args.database, args.concurrency)
     engine.setup()
+    if args.retention == "partitions":
+        subprocess.run(
+            [python(), "manage.py", "controlplane_partition_events"], cwd=engine.cwd, check=True
+        )
     meter = WalMeter(engine)
     server = engine.sql("SELECT version()")[0][0].split(" on ")[0]
     settings = dict(

@@ -1,14 +1,15 @@
 """Event history at scale (issue 18): reads, drain and retention on a big history.
 
     .venv/bin/python bench/history.py [--events 10000000] [--jobs 1000000] [--days 10]
-        [--project PATH] [--database bench_history]
+        [--partitioned] [--project PATH] [--database bench_history]
 
 Fills a fresh database with ``--jobs`` finished jobs made evenly over the
 last ``--days`` days (UUIDv7 ids of their creation time, as the engine makes
 them) and ``--events`` events spread evenly over them, with ``INSERT ...
-SELECT generate_series`` one day at a time. On a partitioned events table
-(migration 0013) the daily partitions of those days are made first, as a
-reaper running through them would have. One job in a hundred is still
+SELECT generate_series`` one day at a time. With ``--partitioned`` the events
+table is partitioned first (``manage.py controlplane_partition_events``) and
+the daily partitions of those days are made, as a reaper running through
+them would have. One job in a hundred is still
 waiting (``run_after`` a month ahead): its events must survive retention.
 
 Then prints:
@@ -23,15 +24,14 @@ Then prints:
   its time and the WAL it wrote (after a CHECKPOINT, so both runs pay the
   same full-page images).
 
-Run it once against the project before migration 0013 (``--project`` a
-scratch checkout: ``git worktree add /tmp/before <commit>``) and once
-against this one, on the same sizes.
+Run it once plain and once with ``--partitioned``, on the same sizes.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import subprocess
 import sys
 import time
 import uuid
@@ -41,7 +41,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from engine import QUEUE, EngineSystem, claim_plan_check  # noqa: E402
+from engine import QUEUE, EngineSystem, claim_plan_check, python  # noqa: E402
 from peers import percentile  # noqa: E402
 
 DAY = timedelta(days=1)
@@ -260,12 +260,17 @@ def main() -> None:
     parser.add_argument("--retire-days", type=int, default=2)
     parser.add_argument("--samples", type=int, default=500)
     parser.add_argument("--drain", type=int, default=10_000, help="jobs drained (0 skips it)")
+    parser.add_argument("--partitioned", action="store_true", help="partition the events first")
     parser.add_argument("--project", type=Path, default=BENCH_DIR.parent)
     parser.add_argument("--database", default="bench_history")
     args = parser.parse_args()
 
     engine = HistoryEngine(args.project.resolve(), args.database, 8)
     engine.setup()
+    if args.partitioned:
+        subprocess.run(
+            [python(), "manage.py", "controlplane_partition_events"], cwd=engine.cwd, check=True
+        )
     kind = "partitioned by job id" if partitioned(engine) else "plain"
     print(f"events table: {kind}; project {args.project.resolve()}")
     start = day_start(datetime.now(UTC)) - DAY * (args.days - 1)

@@ -257,8 +257,8 @@ class EventLevel(TextChoices):
 
 class JobEvent(models.Model):
     # The unique (job, seq) index serves every lookup by job. On PostgreSQL the
-    # table is partitioned by RANGE of job_id (migration 0013, jobs.partitions):
-    # its primary key there is (id, job_id); ``id`` still comes from one
+    # table may be partitioned by RANGE of job_id (jobs.event_layout, opt-in):
+    # its primary key is then (id, job_id); ``id`` still comes from one
     # sequence, so Django's view of it as the primary key holds.
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.IntegerField()

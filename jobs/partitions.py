@@ -1,9 +1,10 @@
 """The events table's partitions on PostgreSQL: made ahead, retired whole.
 
-``controlplane_jobevent`` is partitioned by RANGE of ``job_id`` (migration
-0013). Job ids are UUIDv7 (``jobs.enqueue.new_job_ids``): they start with the
-millisecond the job was made, so one range of ids is one period of job
-creation, and all of a job's events share one partition. Hence:
+Opt-in (``manage.py controlplane_partition_events``, ``jobs.event_layout``):
+``controlplane_jobevent`` partitioned by RANGE of ``job_id``. Job ids are
+UUIDv7 (``jobs.enqueue.new_job_ids``): they start with the millisecond the
+job was made, so one range of ids is one period of job creation, and all
+of a job's events share one partition. Hence:
 
 - the unique ``(job_id, seq)`` index holds per partition (the key is in it),
   and the events cursor (``job_id = ? AND seq > ?``) is pruned to one
@@ -109,7 +110,7 @@ def period_start(moment: datetime, span: timedelta) -> datetime:
 
 
 def is_partitioned(conn: BaseDatabaseWrapper | None = None) -> bool:
-    """True on PostgreSQL once migration 0013 made the events table partitioned."""
+    """True on PostgreSQL once ``controlplane_partition_events`` partitioned the events table."""
     conn = conn or connection
     if conn.vendor != "postgresql":
         return False

@@ -1,13 +1,15 @@
-"""Migration 0013 on a populated events table (PostgreSQL): rows, ids, trigger, and back."""
+"""``controlplane_partition_events`` on a populated events table (PostgreSQL): rows, ids,
+trigger, and back with ``--undo``."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from jobs.enqueue import enqueue
@@ -21,15 +23,11 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite keeps a plain table"),
 ]
 
-BEFORE = ("controlplane", "0012_metric_spans")
-PARTITIONED = ("controlplane", "0013_partitioned_events")
 
-
-def migrate(target: tuple[str, str] | None = None) -> None:
-    executor = MigrationExecutor(connection)
-    targets = [target] if target else executor.loader.graph.leaf_nodes("controlplane")
-    executor.migrate(targets)
-    executor.loader.build_graph()
+def partition_events(*args: str) -> str:
+    out = StringIO()
+    call_command("controlplane_partition_events", *args, stdout=out)
+    return out.getvalue()
 
 
 def snapshot() -> list[tuple]:
@@ -38,7 +36,7 @@ def snapshot() -> list[tuple]:
 
 def test_a_populated_table_is_converted_in_place_and_back():
     try:
-        migrate(BEFORE)
+        assert "is now plain" in partition_events("--undo")
         assert not is_partitioned()
         now = timezone.now()
         current = [enqueue("ping") for _ in range(5)]
@@ -47,7 +45,7 @@ def test_a_populated_table_is_converted_in_place_and_back():
         JobEvent.objects.create(job=legacy, seq=1, event="job.enqueued")
         rows = snapshot()
 
-        migrate(PARTITIONED)
+        assert "is now partitioned" in partition_events()
 
         assert is_partitioned()
         assert snapshot() == rows  # ids, jobs and seqs as they were
@@ -66,9 +64,10 @@ def test_a_populated_table_is_converted_in_place_and_back():
             assert cursor.fetchone()[0] == 1
         rows = snapshot()
 
-        migrate(BEFORE)
+        assert "is now plain" in partition_events("--undo")
+        assert "was already plain" in partition_events("--undo")
 
         assert not is_partitioned() and snapshot() == rows
     finally:
-        migrate()
+        partition_events()
     assert is_partitioned()

@@ -97,7 +97,7 @@ def past_partitions(days_ago: int, count: int) -> list[str]:
     return made
 
 
-def test_the_migration_made_partitions_ahead_and_events_land_in_the_current_one():
+def test_partitioning_made_partitions_ahead_and_events_land_in_the_current_one():
     now = timezone.now()
     parts = event_partitions()
     assert any(p.start <= now < p.end for p in parts)

@@ -1,7 +1,16 @@
-"""PostgreSQL only: ``controlplane_jobevent`` becomes partitioned by RANGE of ``job_id``.
+"""Opt-in on PostgreSQL: the events table partitioned by RANGE of ``job_id``, or plain again.
 
-Why by job id and not by time: see ``jobs.partitions``. The table is rebuilt
-in place, in this migration's transaction, under an ACCESS EXCLUSIVE lock:
+``manage.py controlplane_partition_events`` (``--undo`` to go back) calls
+``rebuild_event_table``. Partitioning is not the default: measured here, a
+drain through the partitioned parent ran about 23% slower at the same CPU,
+and the job-row DELETE of retention about 2x slower (each deleted job's
+foreign-key check opens every partition); what it buys is retention by
+``DROP`` (a fraction of the WAL, a table that shrinks), which pays at a
+history of many millions of events (bench/README.md, "Event history at
+scale"). Why by job id and not by time: see ``jobs.partitions``.
+
+The table is rebuilt in place, in one transaction, under an ACCESS
+EXCLUSIVE lock:
 
 1. the old table is renamed aside with its index names, and its constraint,
    index and trigger definitions are read first;
@@ -18,26 +27,36 @@ in place, in this migration's transaction, under an ACCESS EXCLUSIVE lock:
 
 The model's state does not change: Django still sees ``id`` as the primary
 key, which it is in every way the code uses it. Copying costs about what
-writing the table once did; plan the migration's downtime at that.
-SQLite keeps its plain table. Reversing rebuilds a plain table the same way.
+writing the table once did: stop the workers and plan the downtime at that.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import migrations
+from django.db import NotSupportedError, connection, transaction
 from django.utils import timezone
 
 from jobs.conf import knob
-from jobs.partitions import DEFAULT_PARTITION, ensure_partitions, id_at, period, time_of
+from jobs.partitions import (
+    DEFAULT_PARTITION,
+    ensure_partitions,
+    id_at,
+    is_partitioned,
+    period,
+    time_of,
+)
 from jobs.tables import EVENT_TABLE
 
 OLD = f"{EVENT_TABLE}_unpartitioned"
 SUFFIX = "_old"
 
 
-def _definitions(cursor) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]], list[str]]:
+Definitions = tuple[list[tuple[str, str, str]], list[tuple[str, str]], list[str]]
+
+
+def _definitions(cursor: Any) -> Definitions:
     """Constraints (name, kind, definition), plain indexes (name, definition), triggers."""
     cursor.execute(
         "SELECT conname, contype, pg_get_constraintdef(oid) FROM pg_constraint "
@@ -62,7 +81,7 @@ def _definitions(cursor) -> tuple[list[tuple[str, str, str]], list[tuple[str, st
     return constraints, indexes, triggers
 
 
-def _first_period(cursor, now):
+def _first_period(cursor: Any, now: datetime) -> datetime:
     """The start of the oldest period worth a partition: the retention window's, or later."""
     oldest = now - timedelta(days=float(knob("RETENTION_DAYS"))) - period()
     cursor.execute(
@@ -72,13 +91,14 @@ def _first_period(cursor, now):
     return max(oldest, min(time_of(found[0]), now)) if found else now
 
 
-def rebuild(schema_editor, *, partitioned: bool) -> None:
-    """Rebuild the events table, partitioned by job id range or plain."""
-    connection = schema_editor.connection
+def rebuild_event_table(*, partitioned: bool) -> bool:
+    """Rebuild the events table partitioned by job id range, or plain; False if it already was."""
     if connection.vendor != "postgresql":
-        return
+        raise NotSupportedError("Partitioned events need PostgreSQL; SQLite keeps a plain table.")
+    if is_partitioned() == partitioned:
+        return False
     now = timezone.now()
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"LOCK TABLE {EVENT_TABLE} IN ACCESS EXCLUSIVE MODE")
         constraints, indexes, triggers = _definitions(cursor)
         cursor.execute(f"ALTER TABLE {EVENT_TABLE} RENAME TO {OLD}")
@@ -120,19 +140,4 @@ def rebuild(schema_editor, *, partitioned: bool) -> None:
         for sql in triggers:
             cursor.execute(sql)
         cursor.execute(f"ANALYZE {EVENT_TABLE}")
-
-
-def partition(apps, schema_editor) -> None:
-    rebuild(schema_editor, partitioned=True)
-
-
-def unpartition(apps, schema_editor) -> None:
-    rebuild(schema_editor, partitioned=False)
-
-
-class Migration(migrations.Migration):
-    dependencies = [
-        ("controlplane", "0012_metric_spans"),
-    ]
-
-    operations = [migrations.RunPython(partition, unpartition)]
+    return True
