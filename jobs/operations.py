@@ -26,16 +26,15 @@ import functools
 import importlib
 import json
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import fastjsonschema
-import jsonschema
 import re2
-import referencing.exceptions
 
 from jobs.exceptions import ControlPlaneError, JobCancelled, RetryLaterError, UnknownOperation
+from jobs.schema_precheck import known_valid
+from jobs.schema_regex import compiled_pattern
 from jobs.storable import MAX_DEPTH, depth_problem, first_unstorable, too_deep
 
 if TYPE_CHECKING:
@@ -173,9 +172,10 @@ class Operation:
 # The one home of payload validation: local operations' schemas (checked at
 # registration) and remote declarations (checked at ``POST /workers``, a 400)
 # pass the same ``schema_problem``, and every enqueue goes through a
-# ``PayloadValidator``. Schema regexes run on RE2, whose matching time is
-# linear in the text: ``^(a+)+$`` against "aaa…a!" answers at once instead of
-# backtracking for minutes with the whole web process waiting behind it.
+# ``PayloadValidator``. Schema regexes run on RE2 (``jobs.schema_regex``).
+# ``jsonschema`` loads only when needed (``jobs.schema_validator``): the
+# metaschema check of a schema ``jobs.schema_precheck`` cannot vouch for,
+# and the field errors of a payload the fast path refuses.
 
 # Serialised size and nesting of a payload schema. Real schemas are a few
 # kilobytes and a dozen levels; the depth matches the payloads' own limit and
@@ -209,118 +209,9 @@ _REF_NEIGHBOURS = frozenset(
     {"$ref", "$defs", "definitions", "$id", "$anchor", "$comment", "title", "description"}
 )
 
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False  # a refused pattern is the client's error, not a log line
-_RE2_OPTIONS.max_mem = 2 << 20  # a compiled pattern's budget; larger ones are refused
-
 
 class InvalidPayloadSchema(ControlPlaneError, ValueError):
     """A payload schema that cannot be used; the message says what to change."""
-
-
-@functools.lru_cache(maxsize=512)
-def _regex(pattern: str) -> Any:
-    """``pattern`` compiled by RE2 (``re2.error`` if RE2 cannot run it), cached."""
-    return re2.compile(pattern, _RE2_OPTIONS)
-
-
-def _search(pattern: str, text: str) -> bool:
-    """Whether ``pattern`` matches somewhere in ``text`` (JSON Schema's ``pattern`` semantics).
-
-    Text that is not valid Unicode (a lone surrogate) matches nothing: no
-    database stores it, and enqueue refuses it before any schema is checked.
-    """
-    try:
-        return _regex(pattern).search(text) is not None
-    except UnicodeEncodeError:
-        return False
-
-
-def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
-    if validator.is_type(instance, "string") and not _search(pattern, instance):
-        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-def _pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
-    if not validator.is_type(instance, "object"):
-        return
-    for pattern, subschema in patterns.items():
-        for key, value in instance.items():
-            if _search(pattern, key):
-                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
-
-
-def _additional_properties(validator: Any, additional: Any, instance: Any, schema: Any) -> Any:
-    if not validator.is_type(instance, "object"):
-        return
-    properties = schema.get("properties", {})
-    patterns = list(schema.get("patternProperties", {}))
-    extras = [
-        key
-        for key in instance
-        if key not in properties and not any(_search(p, key) for p in patterns)
-    ]
-    if validator.is_type(additional, "object"):
-        for key in extras:
-            yield from validator.descend(instance[key], additional, path=key)
-    elif not additional and extras:
-        listed = ", ".join(repr(key) for key in sorted(extras))
-        if patterns:
-            regexes = ", ".join(repr(p) for p in sorted(patterns))
-            yield jsonschema.ValidationError(
-                f"{listed} {'does' if len(extras) == 1 else 'do'} not match any of the "
-                f"regexes: {regexes}"
-            )
-        else:
-            verb = "was" if len(extras) == 1 else "were"
-            yield jsonschema.ValidationError(
-                f"Additional properties are not allowed ({listed} {verb} unexpected)"
-            )
-
-
-def _comparable(value: Any) -> Hashable:
-    """A hashable form of a JSON value under JSON Schema's equality: ``1 == 1.0``,
-    ``true != 1``, objects compared without regard to key order."""
-    if isinstance(value, dict):
-        return frozenset((key, _comparable(item)) for key, item in value.items())
-    if isinstance(value, list):
-        return tuple(_comparable(item) for item in value)
-    if isinstance(value, bool):
-        return (bool, value)
-    return value
-
-
-def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
-    """``uniqueItems`` in linear time. jsonschema's own falls back to comparing every pair
-    when items are objects: 4,000 of them took 22 s, and a 1 MiB payload holds 100,000."""
-    if unique and validator.is_type(instance, "array"):
-        seen: set[Hashable] = set()
-        for item in instance:
-            key = _comparable(item)
-            if key in seen:
-                shown = repr(item)
-                shown = shown if len(shown) <= 80 else shown[:77] + "..."
-                yield jsonschema.ValidationError(f"has non-unique elements ({shown} repeats)")
-                return
-            seen.add(key)
-
-
-# Draft 2020-12 with every regex keyword on RE2, and uniqueItems in linear
-# time. (``unevaluatedProperties`` next to ``patternProperties`` would match
-# on Python's ``re``: refused by ``schema_problem``.)
-RE2Draft202012Validator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    validators={
-        "pattern": _pattern,
-        "patternProperties": _pattern_properties,
-        "additionalProperties": _additional_properties,
-        "uniqueItems": _unique_items,
-    },
-)
-# The metaschema check without format checks: the "regex" format would
-# compile patterns with Python's ``re``; ``schema_problem`` compiles them with
-# RE2, the engine that runs them, and says why one is refused.
-_NO_FORMATS = jsonschema.FormatChecker(formats=())
 
 
 class _NoRemoteReferences(dict[str, Callable[[str], Any]]):
@@ -372,14 +263,12 @@ def schema_problem(schema: Any) -> str | None:
             f"The payload schema is {size} bytes of JSON; the limit is {MAX_SCHEMA_BYTES} "
             "bytes. Move descriptions elsewhere or simplify it."
         )
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema, format_checker=_NO_FORMATS)
-    except jsonschema.SchemaError as error:
-        where = "".join(f"[{p!r}]" for p in error.absolute_path)
-        return (
-            f"The payload schema is not valid JSON Schema (draft 2020-12): "
-            f"{_shorten(error.message)}{f' at {where}' if where else ''}."
-        )
+    if not known_valid(schema):  # most schemas: jsonschema is not even imported
+        from jobs.schema_validator import metaschema_problem
+
+        problem = metaschema_problem(schema)
+        if problem is not None:
+            return problem
     nodes = _schema_nodes(schema)
     for node in nodes:
         for keyword in _REFERENCE_KEYWORDS:
@@ -396,7 +285,7 @@ def schema_problem(schema: Any) -> str | None:
             patterns += list(node["patternProperties"])
         for pattern in patterns:
             try:
-                _regex(pattern)
+                compiled_pattern(pattern)
             except re2.error as error:
                 reason = error.args[0] if error.args else error
                 if isinstance(reason, bytes):
@@ -415,20 +304,16 @@ def schema_problem(schema: Any) -> str | None:
     return None
 
 
-def _path_order(error: jsonschema.ValidationError) -> list[tuple[bool, Any]]:
-    """Sort key of an error's path that never compares a key with an index."""
-    return [(isinstance(p, str), p) for p in error.path]
-
-
 class PayloadValidator:
-    """A payload schema, checked by ``schema_problem`` and compiled once.
+    """A payload schema, checked by ``schema_problem`` at once and compiled on first use.
 
     Valid payloads (the common case at enqueue) are checked by a compiled
     fastjsonschema function in about a microsecond when the schema has no
     regex and no 2020-12-only keyword; field errors always come from
     ``jsonschema`` (Draft 2020-12, regexes on RE2), which has the clearer
     messages and the final word. A payload nested deeper than ``MAX_DEPTH``
-    is refused before either runs.
+    is refused before either runs. Compiling waits for the first payload:
+    a worker registers every operation at start-up and validates none.
     """
 
     def __init__(self, schema: dict[str, Any]) -> None:
@@ -436,17 +321,27 @@ class PayloadValidator:
         if problem is not None:
             raise InvalidPayloadSchema(problem)
         self.schema = schema
-        self._full = RE2Draft202012Validator(schema)
-        self._fast: Callable[[Any], Any] | None = None
-        if not any(word in json.dumps(schema) for word in _SLOW_PATH_WORDS) and not any(
-            "$ref" in node and set(node) - _REF_NEIGHBOURS for node in _schema_nodes(schema)
+
+    @functools.cached_property
+    def _fast(self) -> Callable[[Any], Any] | None:
+        if any(word in json.dumps(self.schema) for word in _SLOW_PATH_WORDS) or any(
+            "$ref" in node and set(node) - _REF_NEIGHBOURS for node in _schema_nodes(self.schema)
         ):
-            try:
-                self._fast = fastjsonschema.compile(
-                    schema, handlers=_NoRemoteReferences(), use_formats=False
-                )
-            except Exception:  # noqa: BLE001 - anything it cannot compile takes the full path
-                self._fast = None
+            return None
+        import fastjsonschema
+
+        try:
+            return fastjsonschema.compile(
+                self.schema, handlers=_NoRemoteReferences(), use_formats=False
+            )
+        except Exception:  # noqa: BLE001 - anything it cannot compile takes the full path
+            return None
+
+    @functools.cached_property
+    def _full(self) -> Any:
+        from jobs.schema_validator import RE2Draft202012Validator
+
+        return RE2Draft202012Validator(self.schema)
 
     def errors(self, payload: Any) -> dict[str, list[str]]:
         """Field errors of ``payload`` (``payload.<path>`` -> messages); empty when valid."""
@@ -459,30 +354,9 @@ class PayloadValidator:
                 return {}
             except Exception:  # noqa: BLE001 - the full validator has the final word
                 pass
-        try:
-            found = sorted(self._full.iter_errors(payload), key=_path_order)
-        except RecursionError:
-            return {
-                "payload": [
-                    "The payload could not be checked: the operation's schema refers to "
-                    "itself without reaching the payload's end. Fix the schema's $ref."
-                ]
-            }
-        except referencing.exceptions.Unresolvable as unresolvable:
-            return {
-                "payload": [
-                    f"The payload could not be checked: the operation's schema has a "
-                    f"reference that cannot be resolved ({_shorten(str(unresolvable), 200)})."
-                ]
-            }
-        errors: dict[str, list[str]] = {}
-        for error in found:
-            path = "payload" + "".join(f".{p}" for p in error.absolute_path)
-            if error.validator == "required":
-                missing = error.message.split("'")[1] if "'" in error.message else ""
-                path = f"{path}.{missing}" if missing else path
-            errors.setdefault(path, []).append(error.message)
-        return errors
+        from jobs.schema_validator import field_errors
+
+        return field_errors(self._full, payload)
 
 
 @functools.lru_cache(maxsize=256)

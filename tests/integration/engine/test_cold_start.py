@@ -6,7 +6,9 @@ and serializers, the views of the API and the dashboard (through the URL
 system checks). None of it claims or runs a job; issue 17 measured 0.6 s of
 start-up in it. The real ``manage.py runworker --burst`` runs here, in a
 process of its own, and reports which modules it ended up with; any of the
-web stack there fails the test, whichever import brought it in.
+web stack there fails the test, whichever import brought it in. So does
+payload validation's jsonschema (a fifth of what was left): operations'
+schemas are checked at registration without it (``jobs.schema_precheck``).
 """
 
 from __future__ import annotations
@@ -47,14 +49,19 @@ WEB_STACK = (
     "dashboard.views",
     "prometheus_client",
 )
+# Loaded on demand only: payload validation (jsonschema with referencing, attrs
+# and rpds; fastjsonschema), which a worker needs when an operation enqueues.
+ON_DEMAND = ("jsonschema", "referencing", "fastjsonschema", "jobs.schema_validator")
 
 
-def web_modules(modules: list[str]) -> list[str]:
-    return [m for m in modules if any(m == w or m.startswith(f"{w}.") for w in WEB_STACK)]
+def modules_under(packages: tuple[str, ...], modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == p or m.startswith(f"{p}.") for p in packages)]
 
 
-def test_web_modules_matches_packages_and_their_submodules() -> None:
-    found = web_modules(["daphne", "daphne.server", "jobs.api.views", "jobs.apis", "jobs.models"])
+def test_modules_under_matches_packages_and_their_submodules() -> None:
+    found = modules_under(
+        WEB_STACK, ["daphne", "daphne.server", "jobs.api.views", "jobs.apis", "jobs.models"]
+    )
     assert found == ["daphne.server", "jobs.api.views"]
 
 
@@ -74,4 +81,5 @@ def test_runworker_imports_no_web_stack(subprocess_env) -> None:
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("MODULES ")]
     modules = json.loads(line.removeprefix("MODULES "))
     assert "workers.engine" in modules  # the worker really ran in that process
-    assert web_modules(modules) == []
+    assert modules_under(WEB_STACK, modules) == []
+    assert modules_under(ON_DEMAND, modules) == []
