@@ -10,8 +10,10 @@ schedule on a loop).
 
 A notification is only a hint. While the connection is down (a database
 restart) nothing arrives; every subscriber therefore keeps its own slower
-poll, and ``on_connect`` callbacks run after each (re)connection so a
-subscriber can look for what it missed meanwhile.
+poll, and ``on_connect`` callbacks run whenever their channel starts being
+listened to (each (re)connection, and a channel subscribed while the thread is
+already connected), so a subscriber can look for what was sent before the
+``LISTEN`` took effect.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Listener:
         self.using = using
         self._lock = threading.Lock()
         self._handlers: dict[str, list[Handler]] = {}
-        self._on_connect: list[Callable[[], None]] = []
+        self._on_connect: dict[str, list[Callable[[], None]]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.connected = threading.Event()
@@ -60,11 +62,15 @@ class Listener:
     def subscribe(
         self, channel: str, handler: Handler, on_connect: Callable[[], None] | None = None
     ) -> None:
-        """Call ``handler(payload)`` for every NOTIFY on ``channel`` (from the listener thread)."""
+        """Call ``handler(payload)`` for every NOTIFY on ``channel`` (from the listener thread).
+
+        ``on_connect`` runs (on that thread) each time ``channel`` starts being
+        listened to: NOTIFYs sent before that moment were not heard.
+        """
         with self._lock:
             self._handlers.setdefault(channel, []).append(handler)
             if on_connect is not None:
-                self._on_connect.append(on_connect)
+                self._on_connect.setdefault(channel, []).append(on_connect)
         self.ensure_running()
 
     def ensure_running(self) -> None:
@@ -124,8 +130,10 @@ class Listener:
                 if first:
                     first = False
                     self.connected.set()
-                    for callback in list(self._on_connect):
-                        _safely(callback)
+                with self._lock:
+                    catch_up = [c for ch in sorted(wanted) for c in self._on_connect.get(ch, ())]
+                for callback in catch_up:
+                    _safely(callback)
                 for note in conn.notifies(timeout=IDLE_CHECK_SECONDS):
                     with self._lock:
                         handlers = list(self._handlers.get(note.channel, ()))
