@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 from django.apps import AppConfig
+from django.contrib.admin.apps import SimpleAdminConfig
+from django.contrib.admin.checks import check_admin_app, check_dependencies
+from django.core import checks
 
 
 class DevServerConfig(AppConfig):
@@ -23,6 +27,33 @@ class DevServerConfig(AppConfig):
     name = "daphne"
     label = "daphne"
     verbose_name = "Daphne (development server)"
+
+
+class AdminConfig(SimpleAdminConfig):
+    """Django's admin, with each app's ``admin`` module loaded where the admin is used.
+
+    Django's own ``AdminConfig`` imports every ``admin`` module at set-up, in
+    every process: ``jobs.admin`` with the dashboard's actions, selectors and
+    permissions, DRF's token admin, the auth forms (about 6% of a worker's
+    start-up CPU). Workers, the reaper and ``migrate`` never show a page.
+    Discovery happens instead where the admin is used: the URLconf
+    (``controlplane.urls``, before ``admin.site.urls``), and the admin's
+    system checks (``manage.py check``, ``runserver``), which may run before
+    the URL check loads the URLconf. The checks are Django's own, registered
+    as ``SimpleAdminConfig`` does, with discovery first.
+    """
+
+    def ready(self) -> None:
+        checks.register(check_dependencies, checks.Tags.admin)
+        checks.register(check_discovered_admin, checks.Tags.admin)
+
+
+def check_discovered_admin(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Django's admin checks, over the ``ModelAdmin`` classes of every app's ``admin`` module."""
+    from django.contrib import admin
+
+    admin.autodiscover()
+    return check_admin_app(app_configs, **kwargs)
 
 
 class StartedConfig(AppConfig):

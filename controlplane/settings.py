@@ -35,7 +35,7 @@ INSTALLED_APPS = [
     "controlplane.apps.DevServerConfig",  # Daphne's runserver (ASGI, WebSockets), loaded lazily
     # The control plane's apps, as a host project adds them (README).
     *CONTROLPLANE_APPS,
-    "django.contrib.admin",
+    "controlplane.apps.AdminConfig",  # django.contrib.admin, discovered where it is used
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -8,6 +8,10 @@ fall back to Django's HTML pages for every other path.
 from django.contrib import admin
 from django.urls import include, path
 
+# The admin's pages as Django's AdminConfig would find them; this project's
+# config (controlplane.apps.AdminConfig) leaves discovery to where it is used.
+admin.autodiscover()
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),

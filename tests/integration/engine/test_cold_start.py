@@ -8,7 +8,8 @@ start-up in it. The real ``manage.py runworker --burst`` runs here, in a
 process of its own, and reports which modules it ended up with; any of the
 web stack there fails the test, whichever import brought it in. So does
 payload validation's jsonschema (a fifth of what was left): operations'
-schemas are checked at registration without it (``jobs.schema_precheck``).
+schemas are checked at registration without it (``jobs.schema_precheck``);
+and so do the admin's modules, discovered where the admin is used.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ WEB_STACK = (
     "prometheus_client",
 )
 # Loaded on demand only: payload validation (jsonschema with referencing, attrs
-# and rpds; fastjsonschema), which a worker needs when an operation enqueues.
+# and rpds; fastjsonschema), which a worker needs when an operation enqueues;
+# the admin's pages (controlplane.apps.AdminConfig), which it never needs.
 ON_DEMAND = ("jsonschema", "referencing", "fastjsonschema", "jobs.schema_validator")
+ON_DEMAND += ("jobs.admin", "dashboard.actions", "django.contrib.auth.admin")
 
 
 def modules_under(packages: tuple[str, ...], modules: list[str]) -> list[str]:
