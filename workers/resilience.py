@@ -24,6 +24,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db import Error as DjangoDatabaseError
 
 from jobs.conf import knob
+from workers.pooler_outages import session_lost_behind_pooler
 
 log = logging.getLogger("workers")
 
@@ -42,8 +43,11 @@ TRANSIENT_SQLSTATES = {
 
 def is_transient(error: BaseException) -> bool:
     """For the worker's own statements: deadlocks, serialization failures, dropped
-    connections, a busy SQLite file. Never used for an operation's errors (``is_outage``)."""
+    connections (directly or behind a pooler), a busy SQLite file. Never used for an
+    operation's errors (``is_outage``)."""
     if isinstance(error, (OperationalError, InterfaceError)):
+        return True
+    if any(session_lost_behind_pooler(link) for link in _chain(error)):
         return True
     cause = getattr(error, "__cause__", None)
     sqlstate = getattr(cause, "sqlstate", None)
@@ -162,8 +166,10 @@ def is_outage(error: BaseException, *, health_check: Callable[[], bool] = databa
        table, 42601 syntax error, 40P01 deadlock, 55P03 lock timeout …) is the
        operation's own failure, counted against its attempts.
     2. A psycopg ``OperationalError`` without SQLSTATE (the client lost the
-       session), an ``InterfaceError`` (a connection used after it closed), or
-       a connection of this thread that psycopg marks broken or closed.
+       session), an ``InterfaceError`` (a connection used after it closed),
+       psycopg's "received 2 results from command" on a connection a pooler
+       then closed (``workers.pooler_outages``), or a connection of this
+       thread that psycopg marks broken or closed.
     3. Otherwise (SQLite, which has no SQLSTATE; a failed connect), the
        worker's health check: a database that still answers a new connection
        did not go away, so the error is the operation's.
@@ -179,7 +185,9 @@ def is_outage(error: BaseException, *, health_check: Callable[[], bool] = databa
     if state is not None:
         return state.startswith(OUTAGE_SQLSTATE_CLASSES) or state in OUTAGE_SQLSTATES
     if any(
-        isinstance(link, InterfaceError) or _session_lost_in_psycopg(link)
+        isinstance(link, InterfaceError)
+        or _session_lost_in_psycopg(link)
+        or session_lost_behind_pooler(link)
         for link in _chain(database_error)
     ):
         return True
