@@ -1,4 +1,11 @@
-"""The worker survives the database going away, and NOTIFY wakes it at once (PostgreSQL)."""
+"""The worker survives the database going away, and NOTIFY wakes it at once (PostgreSQL).
+
+Also through PgBouncer (the third pass of ``./scripts/dev test``): the sessions
+cut are then PgBouncer's server connections and the direct LISTEN ones, and
+after a restart the test waits until its own connection answers again, since
+PgBouncer refuses logins for ``server_login_retry`` after failing to reach the
+server (1 s in the tests' PgBouncer, 15 s by default).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
 import pytest
 from django.db import connection
 
 from jobs.enqueue import enqueue
 from jobs.models import Job, JobEvent
+from jobs.pooling import is_transaction_pooled, session_conninfo
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -28,19 +37,65 @@ def _postgres_only():
         pytest.skip("PostgreSQL only")
 
 
+def _answers() -> bool:
+    """Whether this process's connection answers (closed for a fresh try when it does not)."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return True
+    except Exception:  # noqa: BLE001 - refused (PgBouncer's server_login_retry) or not up yet
+        connection.close()
+        return False
+
+
+TERMINATE_OTHER_BACKENDS = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+
+
 def _terminate_other_backends() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        return cursor.fetchone()[0]
+    """Cut every other session of the test database; how many there were.
+
+    Through a transaction pooler, from a direct session: the worker's main loop
+    and heartbeat have no sessions of their own there, they borrow PgBouncer's
+    server connections, which may be the very one this test's queries run on
+    (and would spare). Cutting that one too can fail this process's next query
+    through the pooler, so it waits until one answers.
+    """
+    if not is_transaction_pooled():
+        with connection.cursor() as cursor:
+            cursor.execute(TERMINATE_OTHER_BACKENDS)
+            return cursor.fetchone()[0]
+    conninfo = session_conninfo()
+    if conninfo is None:
+        pytest.skip("Pooled without DATABASE_DIRECT_URL: no session to cut the others from.")
+    with psycopg.connect(**conninfo, autocommit=True) as direct:
+        (count,) = direct.execute(TERMINATE_OTHER_BACKENDS).fetchone() or (0,)
+    wait_for(_answers, timeout=30, message="the test database answering through the pooler")
+    return count
+
+
+def _cluster_of_the_test_database() -> list[str]:
+    """``[version, name]`` of the local cluster serving the test database (by its port).
+
+    The port of PostgreSQL itself, past a pooler (``session_conninfo``); the
+    first version's ``main`` when no cluster listens there.
+    """
+    port = str((session_conninfo() or {}).get("port") or 5432)
+    listing = subprocess.run(
+        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True
+    ).stdout
+    for version, name, cluster_port, *_ in (line.split() for line in listing.splitlines()):
+        if cluster_port == port:
+            return [version, name]
+    return [sorted(os.listdir("/etc/postgresql"))[0], "main"]
 
 
 @contextmanager
 def _postgres_stopped() -> Iterator[None]:
     """The PostgreSQL server down for the block; this process reconnects after it."""
-    cluster = [sorted(os.listdir("/etc/postgresql"))[0], "main"]
+    cluster = _cluster_of_the_test_database()
     subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "stop"], check=True)
     try:
         yield
@@ -51,6 +106,7 @@ def _postgres_stopped() -> Iterator[None]:
             timeout=60,
         )
         connection.close()
+        wait_for(_answers, timeout=30, message="the test database answering after the restart")
 
 
 def _status(job) -> str:
@@ -62,7 +118,9 @@ def test_worker_recovers_when_its_connections_are_dropped(worker):
     first = enqueue("ping")
     proc = worker()
     wait_for(lambda: _status(first) == "succeeded", message="first job")
-    assert _terminate_other_backends() >= 2  # main loop, heartbeat and listener at least
+    # Directly: main loop, heartbeat and listener at least. Through a pooler: the
+    # listener and the pool's server connection(s) the worker and this test borrow.
+    assert _terminate_other_backends() >= 2
     second = enqueue("ping")
     wait_for(lambda: _status(second) == "succeeded", timeout=30, message="job after the drop")
     assert proc.popen.poll() is None, proc.output()

@@ -45,6 +45,9 @@ class PgBouncer:
 
     ``pool_size`` is ``default_pool_size``: the server connections per
     database and user pair, whatever the number of clients.
+    ``server_login_retry`` is how long PgBouncer refuses logins after a failed
+    connection to the server (its default is 15 s): short here, so a test that
+    restarts PostgreSQL is not refused for 15 s after the server is back.
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class PgBouncer:
         port: int = 6433,
         pool_size: int = 20,
         max_client_conn: int = 4000,
+        server_login_retry: float = 1.0,
     ) -> None:
         self.upstream_host = upstream_host
         self.upstream_port = upstream_port
@@ -63,6 +67,7 @@ class PgBouncer:
         self.port = port
         self.pool_size = pool_size
         self.max_client_conn = max_client_conn
+        self.server_login_retry = server_login_retry
         self.dir: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -182,6 +187,7 @@ class PgBouncer:
                     f"default_pool_size = {self.pool_size}",
                     "reserve_pool_size = 0",
                     f"max_client_conn = {self.max_client_conn}",
+                    f"server_login_retry = {self.server_login_retry:g}",
                     "server_reset_query =",
                     f"logfile = {self.dir / 'pgbouncer.log'}",
                     f"pidfile = {self.dir / 'pgbouncer.pid'}",
