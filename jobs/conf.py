@@ -105,7 +105,8 @@ DEFAULTS: dict[str, Any] = {
     "QUEUES": {},
     # Where operations live: modules imported at start-up. Every installed
     # app's ``operations`` module is imported as well.
-    "OPERATION_MODULES": ["jobs.diagnostics", "jobs.tasks_backend"],
+    # (``jobs.tasks_operation``: the operation of the django.tasks backend, without it.)
+    "OPERATION_MODULES": ["jobs.diagnostics", "jobs.tasks_operation"],
 }
 
 _BOOL_TRUE = {"1", "true", "yes", "on"}

@@ -55,6 +55,8 @@ WEB_STACK = (
 # the admin's pages (controlplane.apps.AdminConfig), which it never needs.
 ON_DEMAND = ("jsonschema", "referencing", "fastjsonschema", "jobs.schema_validator")
 ON_DEMAND += ("jobs.admin", "dashboard.actions", "django.contrib.auth.admin")
+# django.tasks: loaded when a worker runs a django.task job (jobs.tasks_operation).
+ON_DEMAND += ("django.tasks", "jobs.tasks_backend")
 
 
 def modules_under(packages: tuple[str, ...], modules: list[str]) -> list[str]:
