@@ -64,23 +64,69 @@ def prepared_statements_on(using: str = "default") -> bool:
 def fetch_all(using: str, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     """Run ``statement`` on ``using`` (prepared when allowed); return its rows.
 
-    It goes through Django's cursor all the same: connection health checks,
-    ``execute_wrapper`` hooks, the query log and error wrapping see it as
-    any other query.
+    Whatever the path, Django's guarantees hold: the connection is opened and
+    health-checked, a broken transaction refuses the query, errors come
+    wrapped as Django's, and nothing runs from an event loop's thread. With
+    ``execute_wrapper`` hooks installed or queries logged (``DEBUG``,
+    ``assertNumQueries``) the statement goes through Django's cursor so that
+    they see it; otherwise it skips the cursor wrapper and reuses one
+    preparing cursor per connection: about 50 us less client CPU per call,
+    a fifth of a one-job enqueue's (bench/README.md).
     """
     connection = connections[using]
-    with connection.cursor() as cursor:
-        if not prepared_statements_on(using):
+    if not prepared_statements_on(using):
+        with connection.cursor() as cursor:
             cursor.execute(statement, params)
             return cursor.fetchall()
+    if connection.execute_wrappers or connection.queries_logged:
+        return _through_django_cursor(connection, statement, params)
+    return _direct(connection, statement, params)
+
+
+def _through_django_cursor(
+    connection: Any, statement: str, params: Sequence[Any]
+) -> list[tuple[Any, ...]]:
+    """The statement through Django's own cursor, its psycopg cursor swapped for a preparing one."""
+    with connection.cursor() as cursor:
         client = cursor.cursor
-        raw = client.connection
-        if raw.prepare_threshold is None:
-            raw.prepare_threshold = _NEVER_BY_COUNT
-        cursor.cursor = _PreparingCursor(raw)
+        cursor.cursor = _preparing_cursor(connection)
         try:
             cursor.execute(statement, params)
             return cursor.fetchall()
         finally:
-            cursor.cursor.close()
             cursor.cursor = client
+
+
+def _direct(connection: Any, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """What ``connection.cursor().execute()`` checks and wraps, around the reused cursor.
+
+    ``ensure_connection`` is ``async_unsafe``: an event loop's thread is refused here too.
+    """
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    connection.validate_no_broken_transaction()
+    with connection.wrap_database_errors:
+        cursor = _preparing_cursor(connection)
+        cursor.execute(statement, params)
+        return cursor.fetchall()
+
+
+def _preparing_cursor(connection: Any) -> _PreparingCursor:
+    """The connection's preparing cursor, made once per psycopg connection.
+
+    Kept on Django's connection wrapper (one per thread and alias) with the
+    psycopg connection it belongs to: a reconnect gets a new one.
+    """
+    raw = connection.connection
+    kept = connection.__dict__.get(_KEPT)
+    if kept is not None and kept[0] is raw:
+        return kept[1]
+    if raw.prepare_threshold is None:
+        raw.prepare_threshold = _NEVER_BY_COUNT
+    cursor = _PreparingCursor(raw)
+    connection.__dict__[_KEPT] = (raw, cursor)
+    return cursor
+
+
+_KEPT = "_controlplane_preparing_cursor"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from jobs.enqueue import POSTGRES_INSERT, JobSpec, enqueue, enqueue_many
 from jobs.models import Job, JobEvent
@@ -88,3 +89,61 @@ def test_the_environment_switches_them_off_too(monkeypatch):
     assert not prepared_statements_on("default")
     enqueue("sleep", {"seconds": 0})
     assert prepared_enqueues() == []
+
+
+@pytest.mark.skipif(
+    connection.vendor == "postgresql" and is_transaction_pooled("default"),
+    reason="behind a transaction pooler nothing is prepared",
+)
+def test_hooks_and_the_query_log_still_see_the_prepared_insert():
+    """Unwatched, the INSERT skips Django's cursor wrapper; watched, it goes through it."""
+    seen: list[str] = []
+
+    def hook(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(hook):
+        enqueue("sleep", {"seconds": 0})
+    with CaptureQueriesContext(connection) as logged:
+        enqueue_many([JobSpec("sleep", {"seconds": 0}) for _ in range(2)])
+    enqueue("sleep", {"seconds": 0})  # neither: the direct path
+    assert seen == [POSTGRES_INSERT]
+    assert [q["sql"] for q in logged.captured_queries if "INSERT" in q["sql"]] != []
+    [(generic, custom)] = prepared_enqueues()
+    assert generic + custom == 3  # all three paths used the one prepared statement
+    assert JobEvent.objects.filter(event="job.enqueued").count() == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_kept_cursor_follows_a_reconnect():
+    enqueue("sleep", {"seconds": 0})
+    connection.close()
+    job = enqueue("sleep", {"seconds": 0})
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
+def test_an_enqueue_after_a_failed_statement_in_the_transaction_is_refused():
+    """As with Django's cursor: a broken atomic block refuses further queries."""
+    from django.db import DatabaseError
+    from django.db.transaction import TransactionManagementError
+
+    with transaction.atomic():
+        with pytest.raises(DatabaseError), transaction.atomic(savepoint=False):
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1/0")
+        with pytest.raises(TransactionManagementError):
+            enqueue("sleep", {"seconds": 0})
+        transaction.set_rollback(True)
+
+
+def test_enqueue_from_an_event_loop_thread_is_refused():
+    import asyncio
+
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    async def call() -> None:
+        enqueue("sleep", {"seconds": 0})
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(call())
