@@ -129,10 +129,13 @@ def apply_configured_queues() -> list[str]:
     entry once. Each application is an audit row (``queue_settings``, by
     ``settings``) that the next start compares against.
     """
+    configured = configured_queues()
+    if not configured:  # most deployments: the audit log (with the auth views) stays unloaded
+        return []
     from dashboard import audit
 
     applied = []
-    for name, wanted in configured_queues().items():
+    for name, wanted in configured.items():
         with transaction.atomic():
             queues = Queue.objects.all()
             queues.get_or_create(name=name, defaults={"kind": Queue.default_kind(name)})
