@@ -21,9 +21,11 @@ means a fault inside the server. A server that answers one statement with two
 results is not something SQL can cause, but an ``InternalError`` is not
 called an outage on its message alone: the connection that raised it must be
 closed afterwards (psycopg marks it so when the pooler hung up). That
-connection is found in the error's traceback, since Django replaces the
-thread's connection right after a failed ``COMMIT`` (its rollback fails, it
-drops the connection and opens a new one to restore autocommit).
+connection is found in the error's traceback (``self`` of psycopg's
+``commit``, or of the cursor whose ``execute`` sent the ``BEGIN``: psycopg cuts
+its tracebacks short at the cursor), since Django replaces the thread's
+connection right after such an error (its rollback fails, it drops the
+connection and opens a new one to restore autocommit).
 """
 
 from __future__ import annotations
@@ -46,16 +48,19 @@ def session_lost_behind_pooler(error: BaseException) -> bool:
         return False
     if not RESULTS_MISMATCH.match(str(error)):
         return False
-    raised_on = _connection_that_raised(error.__traceback__, psycopg.BaseConnection)
+    raised_on = _connection_that_raised(error.__traceback__, psycopg)
     return raised_on is not None and bool(raised_on.closed)
 
 
-def _connection_that_raised(traceback: TracebackType | None, kind: type) -> Any:
-    """The innermost psycopg connection whose method is in ``traceback`` (``self`` of a frame)."""
+def _connection_that_raised(traceback: TracebackType | None, psycopg: Any) -> Any:
+    """The innermost psycopg connection in ``traceback``: ``self`` of a connection's
+    method, or the connection of a cursor whose method it is."""
     found = None
     while traceback is not None:
         candidate = traceback.tb_frame.f_locals.get("self")
-        if isinstance(candidate, kind):
+        if isinstance(candidate, psycopg.BaseConnection):
             found = candidate
+        elif isinstance(candidate, (psycopg.Cursor, psycopg.AsyncCursor)):
+            found = candidate.connection
         traceback = traceback.tb_next
     return found

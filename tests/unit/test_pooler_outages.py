@@ -41,6 +41,18 @@ class _HungUpConnection(psycopg.Connection):
         raise psycopg.InternalError(MISMATCH)
 
 
+class _HungUpCursor(psycopg.Cursor):
+    """A cursor of such a connection whose ``execute`` got two results for its ``BEGIN``."""
+
+    def __init__(self, connection: _HungUpConnection) -> None:  # nothing to prepare
+        self._conn = connection
+
+    def execute(self, *args: object, **kwargs: object) -> _HungUpCursor:  # type: ignore[override]
+        # Raised right here: psycopg's cursor re-raises its errors with the
+        # traceback cut short, so the connection's own frames are not in it.
+        raise psycopg.InternalError("received 2 results from command 'BEGIN'")
+
+
 def _as_django_raises(driver_call) -> Exception:
     """The error Django raises when ``driver_call`` fails (its wrapper chains the driver's)."""
     try:
@@ -70,6 +82,15 @@ def test_two_results_for_commit_on_a_connection_the_pooler_closed_is_an_outage()
     assert session_lost_behind_pooler(error.__cause__)
     assert is_outage(error, health_check=answers)
     assert is_transient(error)  # the worker's own COMMIT is retried, not raised
+
+
+def test_two_results_for_begin_on_a_cursor_of_a_closed_connection_is_an_outage() -> None:
+    cursor = _HungUpCursor(_HungUpConnection(closed=True))
+    error = _as_django_raises(lambda: cursor.execute("SELECT 1"))
+    assert is_outage(error, health_check=answers)
+    assert is_transient(error)
+    still_open = _HungUpCursor(_HungUpConnection(closed=False))
+    assert not is_outage(_as_django_raises(still_open.execute), health_check=answers)
 
 
 def test_the_same_message_on_a_connection_still_open_is_not_an_outage() -> None:

@@ -3,9 +3,10 @@
 Through PgBouncer a session cut while its client is idle in a transaction
 reaches psycopg at ``COMMIT`` as ``InternalError("received 2 results from
 command 'COMMIT'")`` (the server's FATAL error, then PgBouncer's "server conn
-crashed?"), with no SQLSTATE: this is what ``test_chaos`` met, rarely, when
-``pg_terminate_backend`` landed between a statement and its ``COMMIT``. Here it
-is made to happen every time, through Django's own ``atomic``.
+crashed?"), with no SQLSTATE; a session cut just before PgBouncer hands it to
+the next transaction, as the same error for its ``BEGIN``. ``test_chaos`` met
+both, rarely, when ``pg_terminate_backend`` landed there. Here the first
+happens every time, through Django's own ``atomic``, and the second is raced for.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from workers.resilience import is_outage, is_transient
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ALIAS = "through-test-pgbouncer"
+RACED = "cp-pooler-outage-race"  # the application_name of the raced server connections
+BEGIN_RACES = 60
 
 
 def answers() -> bool:
@@ -33,13 +36,15 @@ def answers() -> bool:
 
 
 @contextmanager
-def pooled_alias(bouncer: PgBouncer) -> Iterator[str]:
+def pooled_alias(bouncer: PgBouncer, *, application_name: str = "") -> Iterator[str]:
     """A Django connection to the test database through ``bouncer``, as ``connections[ALIAS]``."""
     settings = copy.deepcopy(connection.settings_dict)
     settings.update(HOST="127.0.0.1", PORT=bouncer.port, USER=bouncer.user, PASSWORD="")
     options = dict(settings.get("OPTIONS") or {})
     options.pop("pool", None)
     options["prepare_threshold"] = None
+    if application_name:
+        options["application_name"] = application_name
     settings["OPTIONS"] = options
     connections[ALIAS] = type(connections["default"])(settings, alias=ALIAS)
     try:
@@ -69,6 +74,33 @@ def test_a_session_cut_before_commit_is_an_outage(pgbouncer):
     assert any(session_lost_behind_pooler(link) for link in (error, error.__cause__))
     assert is_outage(error, health_check=answers)
     assert is_transient(error)  # a worker's own COMMIT is retried, not raised
+
+
+def test_a_session_cut_before_begin_is_an_outage(pgbouncer):
+    # PgBouncer drops a dead idle server connection as soon as it reads the
+    # server's goodbye; a transaction that starts before it did gets that
+    # connection, and psycopg two results for its BEGIN (half the time here).
+    mismatches = []
+    with pooled_alias(pgbouncer, application_name=RACED) as alias:
+        for _ in range(BEGIN_RACES):
+            backend_pid(alias)  # the pool holds a server connection of RACED's now
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    [RACED],
+                )
+            try:
+                with transaction.atomic(using=alias):
+                    backend_pid(alias)
+            except DatabaseError as error:
+                if "from command 'BEGIN'" in str(error):
+                    mismatches.append(error)
+                connections[alias].close()
+    if not mismatches:
+        pytest.skip(f"PgBouncer noticed every cut in time ({BEGIN_RACES} tries).")
+    assert all(is_outage(error, health_check=answers) for error in mismatches)
+    assert all(is_transient(error) for error in mismatches)
 
 
 def test_a_statement_on_a_cut_session_is_an_outage(pgbouncer):
