@@ -15,64 +15,56 @@ a no-op, and the SDK, its exporters and its sampler are the operator's choice
   request → enqueue → run even across processes and machines. Remote workers
   get the same context in their claim's JSON (``trace_context``).
 
-Cost when nothing is traced (no SDK, no current span): ``tracing_on`` is two
-attribute lookups, nothing is stored and no span object is made.
+Cost when nothing is traced (no SDK, no current span): nothing is stored
+and no span object is made. Until something in the process could have made
+a span (``api_in_use``: the OpenTelemetry API imported by an SDK, by
+auto-instrumentation or by an operation, or a tracer provider named by the
+environment), the API is not even imported (about 2% of a worker's
+start-up) and ``tracing_on`` is a dictionary lookup; the code that uses the
+API is ``jobs.tracing_spans``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from importlib import metadata
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
-
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     from jobs.claims import ClaimedJob
 
-TRACER_NAME = "django-controlplane"
-ENQUEUE_SPAN = "controlplane.enqueue"
-RUN_SPAN = "controlplane.run"
-
-# Span attributes (bounded values only: no payloads).
-OPERATION = "controlplane.operation"
-QUEUE = "controlplane.queue"
-JOB_ID = "controlplane.job.id"
-JOB_COUNT = "controlplane.job.count"
-DUPLICATES = "controlplane.job.duplicates"
-ATTEMPT = "controlplane.job.attempt"
-OUTCOME = "controlplane.job.outcome"
-
-# Run outcomes (``workers.execution.Outcome.status``) that mark the run span as an error.
-ERROR_OUTCOMES = frozenset({"failed", "retry_scheduled", "outage_requeue", "lease_lost", "lost"})
 # A stored carrier is small (traceparent 55 characters, tracestate at most 512);
 # anything larger or stranger is not ours and is ignored rather than propagated.
 MAX_CARRIER_ITEMS = 8
 MAX_CARRIER_CHARS = 8192
-# Characters of an error message a span's status carries (the job's event keeps all of it).
-MAX_DESCRIPTION_CHARS = 500
+# The environment variable by which the API loads a tracer provider on first use.
+PROVIDER_VARIABLE = "OTEL_PYTHON_TRACER_PROVIDER"
 
-_NO_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _NO_SPAN: AbstractContextManager[None] = nullcontext()
-_cached: tuple[object, trace.Tracer] | None = None
 
 
-def _version() -> str | None:
-    try:
-        return metadata.version("django-controlplane")
-    except metadata.PackageNotFoundError:
-        return None
+def api_in_use() -> bool:
+    """Whether anything in this process could have made a span or installed an SDK.
 
-
-_VERSION = _version()
+    Both take ``opentelemetry.trace`` imported (an SDK, auto-instrumentation,
+    an instrumented request or operation), or a provider named by the
+    environment, which the API loads on its first use. Otherwise there is
+    no span to continue and no SDK to start one.
+    """
+    return "opentelemetry.trace" in sys.modules or PROVIDER_VARIABLE in os.environ
 
 
 def sdk_configured() -> bool:
     """True once a real tracer provider (an SDK) is installed, by code or by environment."""
-    return not isinstance(trace.get_tracer_provider(), _NO_PROVIDERS)
+    if not api_in_use():
+        return False
+    from jobs import tracing_spans
+
+    return tracing_spans.sdk_configured()
 
 
 def tracing_on() -> bool:
@@ -83,64 +75,33 @@ def tracing_on() -> bool:
     propagated as it is. With an SDK and no current span, the enqueue span
     starts a trace of its own.
     """
-    return trace.get_current_span().get_span_context().is_valid or sdk_configured()
+    if not api_in_use():
+        return False
+    from jobs import tracing_spans
+
+    return tracing_spans.tracing_on()
 
 
-def tracer() -> trace.Tracer:
-    """This project's tracer from the current global provider.
-
-    Looked up per provider rather than once at import (``trace.get_tracer``
-    would pin the provider in place when the module was imported).
-    """
-    global _cached
-    provider = trace.get_tracer_provider()
-    cached = _cached
-    if cached is None or cached[0] is not provider:
-        cached = _cached = (provider, provider.get_tracer(TRACER_NAME, _VERSION))
-    return cached[1]
+# --- enqueue (called when ``tracing_on()``) ------------------------------------------
 
 
-# --- enqueue ------------------------------------------------------------------------
-
-
-@contextmanager
-def enqueue_span(count: int) -> Iterator[dict[str, str] | None]:
+def enqueue_span(count: int) -> AbstractContextManager[dict[str, str] | None]:
     """The ``controlplane.enqueue`` span around storing ``count`` jobs; yields the carrier.
 
     The carrier (``{"traceparent": …}``, None when the propagator wrote
     nothing) is what each job stores. An exception leaving the block is
     recorded on the span, which then has error status.
     """
-    with tracer().start_as_current_span(
-        ENQUEUE_SPAN, kind=SpanKind.PRODUCER, attributes={JOB_COUNT: count}
-    ):
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-        yield carrier or None
+    from jobs import tracing_spans
+
+    return tracing_spans.enqueue_span(count)
 
 
 def describe_enqueue(jobs: Sequence[Any]) -> None:
-    """Name the jobs just stored on the current (enqueue) span.
+    """Name the jobs just stored on the current (enqueue) span (``tracing_spans``)."""
+    from jobs import tracing_spans
 
-    Operation and queue when the call had one of each, the job id when it
-    stored one job, and how many were duplicates (a held ``unique_key``).
-    """
-    span = trace.get_current_span()
-    if not span.is_recording() or not jobs:
-        return
-    operations = {job.operation for job in jobs}
-    queues = {job.queue for job in jobs}
-    attributes: dict[str, Any] = {}
-    if len(operations) == 1:
-        attributes[OPERATION] = next(iter(operations))
-    if len(queues) == 1:
-        attributes[QUEUE] = next(iter(queues))
-    if len(jobs) == 1:
-        attributes[JOB_ID] = str(jobs[0].id)
-    duplicates = sum(1 for job in jobs if getattr(job, "duplicate", False))
-    if duplicates:
-        attributes[DUPLICATES] = duplicates
-    span.set_attributes(attributes)
+    tracing_spans.describe_enqueue(jobs)
 
 
 # --- run ----------------------------------------------------------------------------
@@ -156,7 +117,7 @@ def carrier_of(value: Any) -> dict[str, str] | None:
     return carrier or None
 
 
-def run_span(job: ClaimedJob) -> AbstractContextManager[trace.Span | None]:
+def run_span(job: ClaimedJob) -> AbstractContextManager[Span | None]:
     """The ``controlplane.run <operation>`` span around one run, current while it runs.
 
     Its parent is the job's stored context (the enqueue span). Yields None,
@@ -168,48 +129,21 @@ def run_span(job: ClaimedJob) -> AbstractContextManager[trace.Span | None]:
     carrier = carrier_of(job.trace_context) if job.trace_context is not None else None
     if carrier is None and not sdk_configured():
         return _NO_SPAN
-    return _run_span(job, carrier)
+    from jobs import tracing_spans
 
-
-@contextmanager
-def _run_span(job: ClaimedJob, carrier: dict[str, str] | None) -> Iterator[trace.Span]:
-    # The stored context becomes current (its baggage too); without one the run
-    # starts a trace of its own rather than joining whatever this thread had.
-    empty = otel_context.Context()
-    if carrier:
-        parent = propagate.extract(carrier, context=empty)
-    else:
-        parent = trace.set_span_in_context(trace.INVALID_SPAN, empty)
-    token = otel_context.attach(parent)
-    try:
-        with tracer().start_as_current_span(
-            f"{RUN_SPAN} {job.operation}",
-            kind=SpanKind.CONSUMER,
-            attributes={
-                JOB_ID: str(job.id),
-                OPERATION: job.operation,
-                QUEUE: job.queue,
-                ATTEMPT: job.attempt,
-            },
-        ) as span:
-            yield span
-    finally:
-        otel_context.detach(token)
+    return tracing_spans.run_span(job, carrier)
 
 
 def end_run(
-    span: trace.Span | None,
+    span: Span | None,
     outcome: str,
     error: BaseException | None = None,
     error_code: str = "",
     error_message: str = "",
 ) -> None:
     """Record a run's outcome on its span; failures get error status and their exception."""
-    if span is None or not span.is_recording():
+    if span is None:
         return
-    span.set_attribute(OUTCOME, outcome)
-    if outcome in ERROR_OUTCOMES:
-        if error is not None:
-            span.record_exception(error)
-        description = f"{error_code}: {error_message}" if error_code else outcome
-        span.set_status(Status(StatusCode.ERROR, description[:MAX_DESCRIPTION_CHARS]))
+    from jobs import tracing_spans
+
+    tracing_spans.end_run(span, outcome, error, error_code, error_message)

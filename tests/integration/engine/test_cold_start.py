@@ -57,6 +57,8 @@ ON_DEMAND = ("jsonschema", "referencing", "fastjsonschema", "jobs.schema_validat
 ON_DEMAND += ("jobs.admin", "dashboard.actions", "dashboard.audit", "django.contrib.auth.admin")
 # django.tasks: loaded when a worker runs a django.task job (jobs.tasks_operation).
 ON_DEMAND += ("django.tasks", "jobs.tasks_backend")
+# OpenTelemetry: loaded once something in the process traces (jobs.tracing.api_in_use).
+ON_DEMAND += ("opentelemetry", "jobs.tracing_spans")
 
 
 def modules_under(packages: tuple[str, ...], modules: list[str]) -> list[str]:
