@@ -149,6 +149,7 @@ def psycopg_floor(n: int, batch: int) -> tuple[float, float]:
 
     from jobs import enqueue as module
     from jobs.enqueue import JobSpec
+    from jobs.enqueue_statement import statement
 
     now = timezone.now()
     docs = []
@@ -158,12 +159,12 @@ def psycopg_floor(n: int, batch: int) -> tuple[float, float]:
             module._prepare(JobSpec("ping", {}, queue=QUEUE), memo)[0]
             for _ in range(min(batch, n - start))
         ]
-        docs.append(module._statement(rows, now))
+        docs.append(statement(rows, now))
     connection.ensure_connection()
     raw = connection.connection  # the psycopg connection itself, in autocommit mode
     started, cpu = time.perf_counter(), time.process_time()
-    for statement, params in docs:
-        raw.execute(statement, params)
+    for text, params in docs:
+        raw.execute(text, params)
     return time.perf_counter() - started, time.process_time() - cpu
 
 
@@ -228,10 +229,10 @@ def measure(name: str, func, n: int, batch: int, runs: int) -> Figures:
 class PGQueuerEnqueue:
     """PGQueuer's own enqueue calls (bench/peers/pgqueuer_peer.py), timed like ours."""
 
-    def __init__(self) -> None:
+    def __init__(self, database: str) -> None:
         from peers.pgqueuer_peer import PGQueuerSystem
 
-        self.system = PGQueuerSystem(database="enqueue_bench_pgqueuer")
+        self.system = PGQueuerSystem(database=database)
         self.system.setup()
         self.pid = self.system._run(self._pid())
 
@@ -260,7 +261,7 @@ class PGQueuerEnqueue:
 
 def compare(args: argparse.Namespace, single_n: int) -> None:
     """Ours and PGQueuer's enqueue, interleaved run by run (the order alternates)."""
-    peer = PGQueuerEnqueue()
+    peer = PGQueuerEnqueue(args.peer_database)
     kinds = [] if args.skip_single else [("one per call", False, single_n)]
     kinds.append((f"bulk x{args.batch}", True, args.jobs))
     table: list[tuple[Figures, Figures]] = []
@@ -416,6 +417,11 @@ def main() -> None:
     parser.add_argument("--skip-single", action="store_true")
     parser.add_argument("--floor", action="store_true", help="time plain psycopg INSERTs too")
     parser.add_argument("--peers", action="store_true", help="PGQueuer's enqueue, interleaved")
+    parser.add_argument(
+        "--peer-database",
+        default="enqueue_bench_pgqueuer",
+        help="PGQueuer's database for --peers (created if missing)",
+    )
     parser.add_argument(
         "--pickup", type=int, default=0, metavar="N", help="split the pickup latency of N jobs"
     )

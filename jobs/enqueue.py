@@ -37,6 +37,7 @@ from django.utils import timezone
 
 from jobs.conf import knob
 from jobs.dialect import dialect
+from jobs.enqueue_statement import EVENT_COLUMNS, INSERT_CONFLICT, JOB_COLUMNS, statement
 from jobs.exceptions import EnqueueError
 from jobs.key_holders import key_holders
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job
@@ -45,16 +46,9 @@ from jobs.prepared import fetch_all
 from jobs.storable import first_unstorable, text_problem
 from jobs.tracing import describe_enqueue, enqueue_span, tracing_on
 from jobs.uniqueness import DEFAULT_UNIQUE_WHILE, MAX_KEY_LENGTH, UniqueWhile
-from jobs.wakeups import NOTIFY_CHANNEL
 
 CHUNK = 1000
 
-JOB_COLUMNS = (
-    "id, operation, queue, payload, status, priority, run_after, expires_at, attempts, "
-    "max_attempts, lease_requeues, parent_id, progress_current, progress_total, error_code, "
-    "error_message, created_at, unique_key, last_event_seq, last_event_at, unique_while, "
-    "timeout_seconds, schedule_id, trace_context"
-)
 # The longest per-job timeout: past it the reaper's global timeout is the better tool.
 MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
 # Inserting a key whose holder left its window between the INSERT and the read is tried again.
@@ -427,18 +421,21 @@ def _enqueue_many(
                 "The job was not enqueued: its parent does not exist.",
                 {"parent": [f"No job with id {m}." for m in sorted(map(str, missing))]},
             )
-    inserted: set[uuid.UUID] = set()
+    stored: list[uuid.UUID] = []
     chunks = [rows[start : start + CHUNK] for start in range(0, len(rows), CHUNK)]
     if len(chunks) == 1 and dialect(using).postgres:
         # One PostgreSQL statement is atomic on its own: no BEGIN/COMMIT round
         # trips. SQLite's _insert is two statements (jobs, then events).
-        inserted = _insert(chunks[0], now, using=using)
+        stored = _insert(chunks[0], now, using=using)
     else:
         with transaction.atomic(using=using):
             for chunk in chunks:
-                inserted |= _insert(chunk, now, using=using)
+                stored += _insert(chunk, now, using=using)
+    if len(stored) == len(rows):  # the usual case: no unique key was held elsewhere
+        return [_job(r, now, using) for r in rows]
+    inserted = set(stored)
     skipped = [r for r in rows if r.id not in inserted]
-    holders = _holders(skipped, inserted, now, using) if skipped else {}
+    holders = _holders(skipped, inserted, now, using)
     return [_job(r, now, using) if r.id in inserted else holders[r.unique_key] for r in rows]
 
 
@@ -465,7 +462,7 @@ def _holders(
         if not again:
             return found
         with transaction.atomic(using=using):
-            stored = _insert(again, now, using=using)
+            stored = set(_insert(again, now, using=using))
         inserted |= stored
         skipped = [r for r in skipped if r.id not in stored]
     raise EnqueueError(
@@ -543,43 +540,12 @@ def _job_template(now: datetime) -> dict[str, Any]:
     return _template[1]
 
 
-# Any unique index: in practice job_unique_key_held (a held key), as ids never repeat.
-INSERT_CONFLICT = "ON CONFLICT DO NOTHING"
-EVENT_COLUMNS = "job_id, seq, ts, event, level, message, fields"
-
-# The whole batch as one JSON document: the statement text never changes and
-# the payloads travel as they are, not re-encoded per column.
-POSTGRES_INSERT = (
-    f"WITH ins AS (INSERT INTO controlplane_job ({JOB_COLUMNS}) "
-    "SELECT u.id, u.operation, u.queue, u.payload, 'queued', u.priority, u.run_after, "
-    "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %s, u.ukey, 1, %s, "
-    "u.uwhile, u.timeout, u.schedule, u.trace FROM jsonb_to_recordset(%s::jsonb) AS u(id uuid, "
-    "operation text, queue text, payload jsonb, priority int, run_after timestamptz, "
-    "expires_at timestamptz, max_attempts int, parent uuid, ukey text, uwhile text, "
-    "timeout float8, schedule uuid, trace jsonb) "
-    f"{INSERT_CONFLICT} RETURNING id) "
-    f"INSERT INTO controlplane_jobevent ({EVENT_COLUMNS}) "
-    "SELECT ins.id, 1, %s, 'job.enqueued', 'info', '', '{}'::jsonb FROM ins "
-    # One NOTIFY per queue, delivered at commit; a hint, never the job.
-    f"CROSS JOIN (SELECT count(pg_notify('{NOTIFY_CHANNEL}', q)) FROM "
-    "unnest(%s::text[]) AS q) AS notified "
-    "RETURNING job_id"
-)
-
-
-def _statement(rows: list[_Row], now: datetime) -> tuple[str, list[Any]]:
-    """PostgreSQL's INSERT of ``rows`` and its parameters (also timed alone by bench/enqueue.py)."""
-    # One JSON document for the whole batch: the statement text never
-    # changes and the payloads travel as they are, not re-encoded per column.
-    return POSTGRES_INSERT, [now, now, _rows_document(rows), now, sorted({r.queue for r in rows})]
-
-
-def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
+def _insert(rows: list[_Row], now: datetime, *, using: str) -> list[uuid.UUID]:
     """Insert jobs and their ``job.enqueued`` events; return the ids actually inserted."""
     d = dialect(using)
     if d.postgres:
         # Prepared once per connection where allowed (jobs.prepared).
-        return {row[0] for row in fetch_all(using, *_statement(rows, now))}
+        return [row[0] for row in fetch_all(using, *statement(rows, now))]
     with connections[using].cursor() as cursor:
         values = (
             "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s, "
@@ -618,52 +584,4 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> set[uuid.UUID]:
             "VALUES (%s, 1, %s, 'job.enqueued', 'info', '', '{}')",
             [(job_id, created) for job_id in ids],
         )
-        return {d.read_id(job_id) for job_id in ids}
-
-
-def _rows_document(rows: list[_Row]) -> str:
-    """The batch as a JSON array, with each payload's JSON spliced in as it was serialised.
-
-    A batch usually repeats one operation, queue, priority, run_after and so
-    on: the text of those columns is made once per distinct combination and
-    each row adds only its id, payload and rare columns. Keys that are null
-    are left out (``jsonb_to_recordset`` reads a missing key as NULL).
-    """
-    dumps = json.dumps
-    commons: dict[tuple[Any, ...], str] = {}
-    parts = []
-    for r in rows:
-        key = (r.operation, r.queue, r.priority, r.run_after, r.expires_at, r.max_attempts)
-        common = commons.get(key)
-        if common is None:
-            common = commons[key] = (
-                f'"operation":{dumps(r.operation)},"queue":{dumps(r.queue)},'
-                f'"priority":{r.priority},"run_after":"{r.run_after.isoformat()}",'
-                + (f'"expires_at":"{r.expires_at.isoformat()}",' if r.expires_at else "")
-                + f'"max_attempts":{r.max_attempts}'
-            )
-        extras = _extras(r, dumps)
-        parts.append(f'{{"id":"{r.id}","payload":{r.payload_json},{common}{extras}}}')
-    return "[" + ",".join(parts) + "]"
-
-
-def _extras(row: _Row, dumps: Any) -> str:
-    """The optional columns of one row's JSON (``,"key":value`` each), empty for most jobs."""
-    if (
-        row.unique_key is None
-        and row.timeout_seconds is None
-        and row.schedule_id is None
-        and row.trace_context is None
-        and row.parent_id is None
-    ):
-        return ""
-    out = f',"parent":"{row.parent_id}"' if row.parent_id is not None else ""
-    if row.unique_key is not None:
-        out += f',"ukey":{dumps(row.unique_key)},"uwhile":{dumps(row.unique_while)}'
-    if row.timeout_seconds is not None:
-        out += f',"timeout":{row.timeout_seconds!r}'
-    if row.schedule_id is not None:
-        out += f',"schedule":"{row.schedule_id}"'
-    if row.trace_context is not None:
-        out += f',"trace":{dumps(row.trace_context)}'
-    return out
+        return [d.read_id(job_id) for job_id in ids]

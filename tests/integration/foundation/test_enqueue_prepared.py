@@ -10,7 +10,8 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from jobs.enqueue import POSTGRES_INSERT, JobSpec, enqueue, enqueue_many
+from jobs.enqueue import JobSpec, enqueue, enqueue_many
+from jobs.enqueue_statement import POSTGRES_INSERT, UNIFORM_INSERT
 from jobs.models import Job, JobEvent
 from jobs.pooling import is_transaction_pooled
 from jobs.prepared import prepared_statements_on
@@ -23,12 +24,22 @@ pytestmark = [
 ]
 
 
-def prepared_enqueues() -> list[tuple[int, int]]:
-    """(generic, custom) plan counts of this session's prepared enqueue statements."""
+def server_text(statement: str) -> str:
+    """``statement`` as psycopg prepares it: each named parameter becomes $1, $2… in order."""
+    numbers: dict[str, str] = {}
+    parts = statement.split("%(")
+    for index, part in enumerate(parts[1:], start=1):
+        name, rest = part.split(")s", 1)
+        parts[index] = numbers.setdefault(name, f"${len(numbers) + 1}") + rest
+    return "".join(parts)
+
+
+def prepared_enqueues(statement: str = UNIFORM_INSERT) -> list[tuple[int, int]]:
+    """(generic, custom) plan counts of this session's prepared ``statement``."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = %s",
-            [POSTGRES_INSERT.replace("%s", "$%d") % tuple(range(1, 6))],
+            [server_text(statement)],
         )
         return cursor.fetchall()
 
@@ -80,7 +91,7 @@ def test_prepared_statements_can_be_switched_off(how, settings, monkeypatch):
     assert not prepared_statements_on("default")
     job = enqueue("sleep", {"seconds": 0})
     enqueue_many([JobSpec("sleep", {"seconds": 0}) for _ in range(3)])
-    assert prepared_enqueues() == []
+    assert prepared_enqueues() == [] and prepared_enqueues(POSTGRES_INSERT) == []
     assert Job.objects.count() == 4 and Job.objects.filter(pk=job.pk).exists()
 
 
@@ -108,7 +119,7 @@ def test_hooks_and_the_query_log_still_see_the_prepared_insert():
     with CaptureQueriesContext(connection) as logged:
         enqueue_many([JobSpec("sleep", {"seconds": 0}) for _ in range(2)])
     enqueue("sleep", {"seconds": 0})  # neither: the direct path
-    assert seen == [POSTGRES_INSERT]
+    assert seen == [UNIFORM_INSERT]
     assert [q["sql"] for q in logged.captured_queries if "INSERT" in q["sql"]] != []
     [(generic, custom)] = prepared_enqueues()
     assert generic + custom == 3  # all three paths used the one prepared statement
@@ -147,3 +158,47 @@ def test_enqueue_from_an_event_loop_thread_is_refused():
 
     with pytest.raises(SynchronousOnlyOperation):
         asyncio.run(call())
+
+
+def test_a_batch_with_differing_columns_takes_the_general_statement():
+    """Jobs sharing operation, queue, priority, run_after, expires_at and max_attempts
+    take the uniform INSERT (those as parameters); any other batch the general one."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    later = timezone.now() + timedelta(hours=1)
+    uniform = enqueue_many(
+        [JobSpec("sleep", {"seconds": i}, queue="u", priority=3, max_attempts=4) for i in range(2)]
+    )
+    mixed = enqueue_many(
+        [
+            JobSpec("sleep", {"seconds": 0}, queue="a", priority=5),
+            JobSpec("sleep", {"seconds": 1}, queue="b", max_attempts=7, run_after=later),
+            JobSpec("fail", {"message": "x"}, queue="a", expires_at=later, unique_key="k"),
+        ]
+    )
+    stored = {
+        job.pk: job
+        for job in Job.objects.filter(pk__in=[j.pk for j in uniform + mixed]).order_by("pk")
+    }
+    for made in uniform + mixed:
+        kept = stored[made.pk]
+        for name in (
+            "operation",
+            "queue",
+            "priority",
+            "payload",
+            "run_after",
+            "expires_at",
+            "max_attempts",
+            "unique_key",
+            "unique_while",
+            "created_at",
+        ):
+            assert getattr(kept, name) == getattr(made, name), name
+    assert [stored[j.pk].queue for j in mixed] == ["a", "b", "a"]
+    assert stored[mixed[1].pk].run_after == later and stored[mixed[2].pk].unique_key == "k"
+    if prepared_statements_on("default"):
+        assert [sum(p) for p in prepared_enqueues()] == [1]
+        assert [sum(p) for p in prepared_enqueues(POSTGRES_INSERT)] == [1]

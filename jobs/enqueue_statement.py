@@ -1,0 +1,163 @@
+"""PostgreSQL's enqueue statement: a batch of jobs, their ``job.enqueued`` events and the NOTIFY.
+
+One statement stores up to 1,000 jobs with their events (a CTE) and sends
+one ``NOTIFY`` per queue (only the queue name: a hint, delivered at commit).
+The jobs travel as one JSON document, so the statement text never changes
+(``jobs.prepared`` prepares it once per connection) and each payload goes in
+as the JSON it was serialised to, not re-encoded per column.
+
+Two forms of it:
+
+- ``UNIFORM_INSERT``, for a batch whose jobs share operation, queue,
+  priority, ``run_after``, ``expires_at`` and ``max_attempts``: what
+  ``enqueue()`` makes and what bulk enqueue usually is. Those columns are
+  parameters; each job's JSON holds only its id, payload and the rare
+  optional columns. Against the general form that is about 110 bytes less
+  JSON per job for the server to parse (2 of its 15 us of CPU per bulk job)
+  and two parameters fewer to adapt per call.
+- ``POSTGRES_INSERT``, for any batch: every column per job.
+
+Ids are written as 32 hex digits (PostgreSQL's ``uuid`` reads them without
+hyphens), which is cheaper to format than ``str(uuid)``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from jobs.wakeups import NOTIFY_CHANNEL
+
+if TYPE_CHECKING:
+    from jobs.enqueue import _Row
+
+JOB_COLUMNS = (
+    "id, operation, queue, payload, status, priority, run_after, expires_at, attempts, "
+    "max_attempts, lease_requeues, parent_id, progress_current, progress_total, error_code, "
+    "error_message, created_at, unique_key, last_event_seq, last_event_at, unique_while, "
+    "timeout_seconds, schedule_id, trace_context"
+)
+EVENT_COLUMNS = "job_id, seq, ts, event, level, message, fields"
+# Any unique index: in practice job_unique_key_held (a held key), as ids never repeat.
+INSERT_CONFLICT = "ON CONFLICT DO NOTHING"
+
+# The optional columns, absent from most jobs' JSON (a missing key reads as NULL).
+_OPTIONAL = "parent uuid, ukey text, uwhile text, timeout float8, schedule uuid, trace jsonb"
+
+_EVENTS = (
+    f"INSERT INTO controlplane_jobevent ({EVENT_COLUMNS}) "
+    "SELECT ins.id, 1, %(now)s, 'job.enqueued', 'info', '', '{}'::jsonb FROM ins "
+)
+
+UNIFORM_INSERT = (
+    f"WITH ins AS (INSERT INTO controlplane_job ({JOB_COLUMNS}) "
+    "SELECT u.id, %(operation)s::text, %(queue)s::text, u.payload, 'queued', "
+    "%(priority)s::int, %(run_after)s::timestamptz, %(expires_at)s::timestamptz, 0, "
+    "%(max_attempts)s::int, 0, u.parent, 0, NULL, '', '', %(now)s, u.ukey, 1, %(now)s, "
+    "u.uwhile, u.timeout, u.schedule, u.trace "
+    f"FROM jsonb_to_recordset(%(jobs)s::jsonb) AS u(id uuid, payload jsonb, {_OPTIONAL}) "
+    f"{INSERT_CONFLICT} RETURNING id) "
+    + _EVENTS
+    + f"CROSS JOIN (SELECT pg_notify('{NOTIFY_CHANNEL}', %(queue)s::text)) AS notified "
+    "RETURNING job_id"
+)
+
+POSTGRES_INSERT = (
+    f"WITH ins AS (INSERT INTO controlplane_job ({JOB_COLUMNS}) "
+    "SELECT u.id, u.operation, u.queue, u.payload, 'queued', u.priority, u.run_after, "
+    "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %(now)s, u.ukey, 1, "
+    "%(now)s, u.uwhile, u.timeout, u.schedule, u.trace "
+    "FROM jsonb_to_recordset(%(jobs)s::jsonb) AS u(id uuid, payload jsonb, operation text, "
+    "queue text, priority int, run_after timestamptz, expires_at timestamptz, "
+    f"max_attempts int, {_OPTIONAL}) "
+    f"{INSERT_CONFLICT} RETURNING id) "
+    + _EVENTS
+    # One NOTIFY per queue, delivered at commit; a hint, never the job.
+    + f"CROSS JOIN (SELECT count(pg_notify('{NOTIFY_CHANNEL}', q)) FROM "
+    "unnest(%(queues)s::text[]) AS q) AS notified "
+    "RETURNING job_id"
+)
+
+
+def statement(rows: list[_Row], now: datetime) -> tuple[str, dict[str, Any]]:
+    """The INSERT of ``rows`` and its parameters: the uniform form when the rows allow it."""
+    first = rows[0]
+    operation, queue, priority = first.operation, first.queue, first.priority
+    run_after, expires_at, max_attempts = first.run_after, first.expires_at, first.max_attempts
+    dumps = json.dumps
+    parts = []
+    for r in rows:
+        if (
+            r.operation != operation
+            or r.queue != queue
+            or r.priority != priority
+            or r.run_after != run_after
+            or r.expires_at != expires_at
+            or r.max_attempts != max_attempts
+        ):
+            return POSTGRES_INSERT, {
+                "now": now,
+                "jobs": _general_document(rows),
+                "queues": sorted({r.queue for r in rows}),
+            }
+        parts.append(f'{{"id":"{r.id.int:032x}","payload":{r.payload_json}{_extras(r, dumps)}}}')
+    return UNIFORM_INSERT, {
+        "now": now,
+        "jobs": "[" + ",".join(parts) + "]",
+        "operation": operation,
+        "queue": queue,
+        "priority": priority,
+        "run_after": run_after,
+        "expires_at": expires_at,
+        "max_attempts": max_attempts,
+    }
+
+
+def _general_document(rows: list[_Row]) -> str:
+    """The batch as a JSON array, each payload's JSON spliced in as it was serialised.
+
+    A batch usually repeats one operation, queue, priority, run_after and so
+    on: the text of those columns is made once per distinct combination and
+    each row adds only its id, payload and rare columns. Keys that are null
+    are left out (``jsonb_to_recordset`` reads a missing key as NULL).
+    """
+    dumps = json.dumps
+    commons: dict[tuple[Any, ...], str] = {}
+    parts = []
+    for r in rows:
+        key = (r.operation, r.queue, r.priority, r.run_after, r.expires_at, r.max_attempts)
+        common = commons.get(key)
+        if common is None:
+            common = commons[key] = (
+                f'"operation":{dumps(r.operation)},"queue":{dumps(r.queue)},'
+                f'"priority":{r.priority},"run_after":"{r.run_after.isoformat()}",'
+                + (f'"expires_at":"{r.expires_at.isoformat()}",' if r.expires_at else "")
+                + f'"max_attempts":{r.max_attempts}'
+            )
+        parts.append(
+            f'{{"id":"{r.id.int:032x}","payload":{r.payload_json},{common}{_extras(r, dumps)}}}'
+        )
+    return "[" + ",".join(parts) + "]"
+
+
+def _extras(row: _Row, dumps: Any) -> str:
+    """The optional columns of one row's JSON (``,"key":value`` each), empty for most jobs."""
+    if (
+        row.unique_key is None
+        and row.timeout_seconds is None
+        and row.schedule_id is None
+        and row.trace_context is None
+        and row.parent_id is None
+    ):
+        return ""
+    out = f',"parent":"{row.parent_id}"' if row.parent_id is not None else ""
+    if row.unique_key is not None:
+        out += f',"ukey":{dumps(row.unique_key)},"uwhile":{dumps(row.unique_while)}'
+    if row.timeout_seconds is not None:
+        out += f',"timeout":{row.timeout_seconds!r}'
+    if row.schedule_id is not None:
+        out += f',"schedule":"{row.schedule_id}"'
+    if row.trace_context is not None:
+        out += f',"trace":{dumps(row.trace_context)}'
+    return out
