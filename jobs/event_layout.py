@@ -2,12 +2,20 @@
 
 ``manage.py controlplane_partition_events`` (``--undo`` to go back) calls
 ``rebuild_event_table``. Partitioning is not the default: measured here, a
-drain through the partitioned parent ran about 23% slower at the same CPU,
-and the job-row DELETE of retention about 2x slower (each deleted job's
-foreign-key check opens every partition); what it buys is retention by
-``DROP`` (a fraction of the WAL, a table that shrinks), which pays at a
-history of many millions of events (bench/README.md, "Event history at
-scale"). Why by job id and not by time: see ``jobs.partitions``.
+drain through the partitioned parent ran about 23% slower at the same CPU;
+what it buys is retention by ``DROP`` (a fraction of the WAL, a table that
+shrinks), which pays at a history of many millions of events
+(bench/README.md, "Event history at scale"). Why by job id and not by time:
+see ``jobs.partitions``.
+
+The partitioned table has no foreign key to the jobs. With one, every job
+row that retention deletes was checked at commit against the partitioned
+parent, which PostgreSQL plans generically and which opens every partition:
+that doubled retention's job DELETE. Nothing relies on the key at run time:
+every path that deletes jobs deletes their events in the same transaction
+(the reaper's ``delete_finished_jobs``, ``jobs purge``, Django's cascade),
+and events are written only under the job row's lock. ``--undo`` deletes
+any event whose job is gone, then adds the key again as Django made it.
 
 The table is rebuilt in place, in one transaction, under an ACCESS
 EXCLUSIVE lock:
@@ -22,7 +30,8 @@ EXCLUSIVE lock:
 4. the constraints are made again, the primary key as ``(id, job_id)``
    (a partitioned table's unique indexes must hold the partition key; ``id``
    still comes from one sequence and stays unique, and the metrics rollup's
-   ``id`` cursor reads it as before), then the indexes and the NOTIFY trigger;
+   ``id`` cursor reads it as before) and the foreign key to the jobs only on
+   a plain table (see above), then the indexes and the NOTIFY trigger;
 5. the old table goes.
 
 The model's state does not change: Django still sees ``id`` as the primary
@@ -47,7 +56,7 @@ from jobs.partitions import (
     period,
     time_of,
 )
-from jobs.tables import EVENT_TABLE
+from jobs.tables import EVENT_TABLE, JOB_TABLE
 
 OLD = f"{EVENT_TABLE}_unpartitioned"
 SUFFIX = "_old"
@@ -91,6 +100,21 @@ def _first_period(cursor: Any, now: datetime) -> datetime:
     return max(oldest, min(time_of(found[0]), now)) if found else now
 
 
+def _restore_job_foreign_key(cursor: Any) -> None:
+    """The events' foreign key to the jobs, named and defined as Django's migration made it."""
+    from jobs.models import JobEvent
+
+    cursor.execute(
+        f"DELETE FROM {EVENT_TABLE} e WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {JOB_TABLE} j WHERE j.id = e.job_id)"
+    )
+    with connection.schema_editor(atomic=False) as editor:
+        field = JobEvent._meta.get_field("job")
+        cursor.execute(
+            str(editor._create_fk_sql(JobEvent, field, "_fk_%(to_table)s_%(to_column)s"))
+        )
+
+
 def rebuild_event_table(*, partitioned: bool) -> bool:
     """Rebuild the events table partitioned by job id range, or plain; False if it already was."""
     if connection.vendor != "postgresql":
@@ -124,9 +148,13 @@ def rebuild_event_table(*, partitioned: bool) -> bool:
             [EVENT_TABLE],
         )
         for name, kind, definition in constraints:
+            if kind == "f" and partitioned:
+                continue
             if kind == "p":
                 definition = "PRIMARY KEY (id, job_id)" if partitioned else "PRIMARY KEY (id)"
             cursor.execute(f'ALTER TABLE {EVENT_TABLE} ADD CONSTRAINT "{name}" {definition}')
+        if not partitioned and not any(kind == "f" for _, kind, _ in constraints):
+            _restore_job_foreign_key(cursor)
         for _, sql in indexes:
             cursor.execute(sql)
         cursor.execute(f"DROP TABLE {OLD}")

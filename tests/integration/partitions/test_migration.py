@@ -34,6 +34,15 @@ def snapshot() -> list[tuple]:
     return list(JobEvent.objects.order_by("id").values_list("id", "job_id", "seq", "event"))
 
 
+def job_foreign_keys() -> list[tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = 'controlplane_jobevent'::regclass AND contype = 'f'"
+        )
+        return cursor.fetchall()
+
+
 def test_a_populated_table_is_converted_in_place_and_back():
     try:
         assert "is now plain" in partition_events("--undo")
@@ -44,6 +53,10 @@ def test_a_populated_table_is_converted_in_place_and_back():
         legacy = Job.objects.create(id=uuid.uuid4(), operation="ping", queue="history")
         JobEvent.objects.create(job=legacy, seq=1, event="job.enqueued")
         rows = snapshot()
+        plain_keys = job_foreign_keys()
+        assert [d for _, d in plain_keys] == [
+            "FOREIGN KEY (job_id) REFERENCES controlplane_job(id) DEFERRABLE INITIALLY DEFERRED"
+        ]
 
         assert "is now partitioned" in partition_events()
 
@@ -63,11 +76,18 @@ def test_a_populated_table_is_converted_in_place_and_back():
             )
             assert cursor.fetchone()[0] == 1
         rows = snapshot()
+        # No foreign key to the jobs while partitioned (retention's job DELETE would check
+        # every partition); an event left without its job is deleted on the way back.
+        assert job_foreign_keys() == []
+        gone = enqueue("ping")
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM controlplane_job WHERE id = %s", [gone.pk])
 
         assert "is now plain" in partition_events("--undo")
         assert "was already plain" in partition_events("--undo")
 
         assert not is_partitioned() and snapshot() == rows
+        assert job_foreign_keys() == plain_keys
     finally:
         partition_events()
     assert is_partitioned()
