@@ -53,7 +53,7 @@ WEB_STACK = (
 # Loaded on demand only: payload validation (jsonschema with referencing, attrs
 # and rpds; fastjsonschema), which a worker needs when an operation enqueues;
 # the admin's pages (controlplane.apps.AdminConfig), which it never needs.
-ON_DEMAND = ("jsonschema", "referencing", "fastjsonschema", "jobs.schema_validator")
+ON_DEMAND = ("jsonschema", "referencing", "fastjsonschema", "jobs.schema_validator", "re2")
 ON_DEMAND += ("jobs.admin", "dashboard.actions", "dashboard.audit", "django.contrib.auth.admin")
 # django.tasks: loaded when a worker runs a django.task job (jobs.tasks_operation).
 ON_DEMAND += ("django.tasks", "jobs.tasks_backend")
