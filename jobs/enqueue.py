@@ -20,6 +20,7 @@ it makes, in the same INSERT; otherwise nothing is stored and no span made.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -48,6 +49,8 @@ from jobs.tracing import describe_enqueue, enqueue_span, tracing_on
 from jobs.uniqueness import DEFAULT_UNIQUE_WHILE, MAX_KEY_LENGTH, UniqueWhile
 
 CHUNK = 1000
+# From this many specs on, enqueue_many keeps the cyclic collector off while it works.
+PAUSE_COLLECTOR_FROM = 100
 
 # The longest per-job timeout: past it the reaper's global timeout is the better tool.
 MAX_TIMEOUT_SECONDS = 30 * 24 * 3600.0
@@ -383,12 +386,23 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
     index and field). A spec whose ``unique_key`` another job holds returns
     that job instead of a new one, with ``duplicate`` set to True.
     """
-    if not tracing_on():
-        return _enqueue_many(specs, using, None)
-    with enqueue_span(len(specs)) as carrier:
-        jobs = _enqueue_many(specs, using, carrier)
-        describe_enqueue(jobs)
-        return jobs
+    # Thousands of short-lived objects per call (specs' rows, jobs, their
+    # states) would run the cyclic collector dozens of times, and its older
+    # generations over the whole heap: a quarter of bulk enqueue's client CPU.
+    # It runs once afterwards instead (unless someone else had switched it off).
+    paused = len(specs) >= PAUSE_COLLECTOR_FROM and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        if not tracing_on():
+            return _enqueue_many(specs, using, None)
+        with enqueue_span(len(specs)) as carrier:
+            jobs = _enqueue_many(specs, using, carrier)
+            describe_enqueue(jobs)
+            return jobs
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _enqueue_many(
@@ -545,7 +559,10 @@ def _insert(rows: list[_Row], now: datetime, *, using: str) -> list[uuid.UUID]:
     d = dialect(using)
     if d.postgres:
         # Prepared once per connection where allowed (jobs.prepared).
-        return [row[0] for row in fetch_all(using, *statement(rows, now))]
+        returned = fetch_all(using, *statement(rows, now), unless_rowcount=len(rows))
+        if returned is None:  # every row was stored: nothing to read back
+            return [r.id for r in rows]
+        return [row[0] for row in returned]
     with connections[using].cursor() as cursor:
         values = (
             "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s, "

@@ -26,7 +26,7 @@ Off, the statement is sent like every other query, when:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -34,6 +34,9 @@ from django.db import connections
 
 from jobs.conf import knob
 from jobs.pooling import is_transaction_pooled
+
+# Positional (%s) or named (%(name)s) parameters, as psycopg takes them.
+Params = Sequence[Any] | Mapping[str, Any]
 
 # psycopg prepares only on connections whose threshold is set, and Django
 # leaves it None. A threshold no statement reaches makes psycopg prepare
@@ -61,8 +64,15 @@ def prepared_statements_on(using: str = "default") -> bool:
     return bool(knob("PREPARED_STATEMENTS"))
 
 
-def fetch_all(using: str, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+def fetch_all(
+    using: str, statement: str, params: Params, *, unless_rowcount: int | None = None
+) -> list[tuple[Any, ...]] | None:
     """Run ``statement`` on ``using`` (prepared when allowed); return its rows.
+
+    ``unless_rowcount``: None instead, without loading them, when the
+    statement returned exactly that many rows. Bulk enqueue learns this way
+    that every job was stored without building 1,000 UUIDs and tuples that
+    the cyclic collector would then scan.
 
     Whatever the path, Django's guarantees hold: the connection is opened and
     health-checked, a broken transaction refuses the query, errors come
@@ -77,27 +87,35 @@ def fetch_all(using: str, statement: str, params: Sequence[Any]) -> list[tuple[A
     if not prepared_statements_on(using):
         with connection.cursor() as cursor:
             cursor.execute(statement, params)
-            return cursor.fetchall()
+            return _rows(cursor, unless_rowcount)
     if connection.execute_wrappers or connection.queries_logged:
-        return _through_django_cursor(connection, statement, params)
-    return _direct(connection, statement, params)
+        return _through_django_cursor(connection, statement, params, unless_rowcount)
+    return _direct(connection, statement, params, unless_rowcount)
+
+
+def _rows(cursor: Any, unless_rowcount: int | None) -> list[tuple[Any, ...]] | None:
+    if unless_rowcount is not None and cursor.rowcount == unless_rowcount:
+        return None
+    return cursor.fetchall()
 
 
 def _through_django_cursor(
-    connection: Any, statement: str, params: Sequence[Any]
-) -> list[tuple[Any, ...]]:
+    connection: Any, statement: str, params: Params, unless_rowcount: int | None
+) -> list[tuple[Any, ...]] | None:
     """The statement through Django's own cursor, its psycopg cursor swapped for a preparing one."""
     with connection.cursor() as cursor:
         client = cursor.cursor
         cursor.cursor = _preparing_cursor(connection)
         try:
             cursor.execute(statement, params)
-            return cursor.fetchall()
+            return _rows(cursor, unless_rowcount)
         finally:
             cursor.cursor = client
 
 
-def _direct(connection: Any, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+def _direct(
+    connection: Any, statement: str, params: Params, unless_rowcount: int | None
+) -> list[tuple[Any, ...]] | None:
     """What ``connection.cursor().execute()`` checks and wraps, around the reused cursor.
 
     ``ensure_connection`` is ``async_unsafe``: an event loop's thread is refused here too.
@@ -109,7 +127,7 @@ def _direct(connection: Any, statement: str, params: Sequence[Any]) -> list[tupl
     with connection.wrap_database_errors:
         cursor = _preparing_cursor(connection)
         cursor.execute(statement, params)
-        return cursor.fetchall()
+        return _rows(cursor, unless_rowcount)
 
 
 def _preparing_cursor(connection: Any) -> _PreparingCursor:
