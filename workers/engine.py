@@ -359,18 +359,27 @@ class JobWorker:
 
     # --- registration and heartbeat -------------------------------------------
     def _register(self) -> None:
-        """Create (or refresh) the Worker row, waiting through an outage until told to stop."""
+        """Create (or refresh) the Worker row, waiting through an outage until told to stop.
+
+        One ``INSERT … ON CONFLICT DO UPDATE``: a fresh worker's row never exists,
+        and ``update_or_create`` took five round trips (``SELECT … FOR UPDATE``, a
+        savepoint around the ``INSERT``, the commit) to find that out before the
+        first claim.
+        """
+        fields = {
+            "name": self.config.name,
+            "kind": WorkerKind.LOCAL,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": list(self.config.queues),
+            "concurrency": self.config.concurrency,
+        }
         with_db_retry(
-            lambda: Worker.objects.update_or_create(
-                pk=self.id,
-                defaults={
-                    "name": self.config.name,
-                    "kind": WorkerKind.LOCAL,
-                    "hostname": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "queues": list(self.config.queues),
-                    "concurrency": self.config.concurrency,
-                },
+            lambda: Worker.objects.bulk_create(
+                [Worker(pk=self.id, **fields)],
+                update_conflicts=True,
+                unique_fields=["id"],
+                update_fields=list(fields),
             ),
             what="register",
             attempts=1,
