@@ -435,12 +435,16 @@ def _enqueue_many(
                 "The job was not enqueued: its parent does not exist.",
                 {"parent": [f"No job with id {m}." for m in sorted(map(str, missing))]},
             )
+    if not rows:
+        return []
     stored: list[uuid.UUID] = []
-    chunks = [rows[start : start + CHUNK] for start in range(0, len(rows), CHUNK)]
+    chunks = (
+        [rows] if len(rows) <= CHUNK else [rows[i : i + CHUNK] for i in range(0, len(rows), CHUNK)]
+    )
     if len(chunks) == 1 and dialect(using).postgres:
         # One PostgreSQL statement is atomic on its own: no BEGIN/COMMIT round
         # trips. SQLite's _insert is two statements (jobs, then events).
-        stored = _insert(chunks[0], now, using=using)
+        stored = _insert_postgres(chunks[0], now, using)
     else:
         with transaction.atomic(using=using):
             for chunk in chunks:
@@ -554,15 +558,19 @@ def _job_template(now: datetime) -> dict[str, Any]:
     return _template[1]
 
 
+def _insert_postgres(rows: list[_Row], now: datetime, using: str) -> list[uuid.UUID]:
+    """One statement (``jobs.enqueue_statement``), prepared once per connection where allowed."""
+    returned = fetch_all(using, *statement(rows, now), unless_rowcount=len(rows))
+    if returned is None:  # every row was stored: nothing to read back
+        return [r.id for r in rows]
+    return [row[0] for row in returned]
+
+
 def _insert(rows: list[_Row], now: datetime, *, using: str) -> list[uuid.UUID]:
     """Insert jobs and their ``job.enqueued`` events; return the ids actually inserted."""
     d = dialect(using)
     if d.postgres:
-        # Prepared once per connection where allowed (jobs.prepared).
-        returned = fetch_all(using, *statement(rows, now), unless_rowcount=len(rows))
-        if returned is None:  # every row was stored: nothing to read back
-            return [r.id for r in rows]
-        return [row[0] for row in returned]
+        return _insert_postgres(rows, now, using)
     with connections[using].cursor() as cursor:
         values = (
             "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s, "

@@ -79,16 +79,17 @@ def fetch_all(
     wrapped as Django's, and nothing runs from an event loop's thread. With
     ``execute_wrapper`` hooks installed or queries logged (``DEBUG``,
     ``assertNumQueries``) the statement goes through Django's cursor so that
-    they see it; otherwise it skips the cursor wrapper and reuses one
-    preparing cursor per connection: about 50 us less client CPU per call,
-    a fifth of a one-job enqueue's (bench/README.md).
+    they see it (so it does on a connection shared between threads);
+    otherwise it skips the cursor wrapper and reuses one preparing cursor per
+    connection, about 50 us less client CPU per call (a fifth of a one-job
+    enqueue's, measured for issue 17).
     """
     connection = connections[using]
     if not prepared_statements_on(using):
         with connection.cursor() as cursor:
             cursor.execute(statement, params)
             return _rows(cursor, unless_rowcount)
-    if connection.execute_wrappers or connection.queries_logged:
+    if connection.execute_wrappers or connection.queries_logged or connection.allow_thread_sharing:
         return _through_django_cursor(connection, statement, params, unless_rowcount)
     return _direct(connection, statement, params, unless_rowcount)
 
@@ -102,14 +103,21 @@ def _rows(cursor: Any, unless_rowcount: int | None) -> list[tuple[Any, ...]] | N
 def _through_django_cursor(
     connection: Any, statement: str, params: Params, unless_rowcount: int | None
 ) -> list[tuple[Any, ...]] | None:
-    """The statement through Django's own cursor, its psycopg cursor swapped for a preparing one."""
+    """The statement through Django's own cursor, its psycopg cursor swapped for a preparing one.
+
+    A fresh one: a connection shared between threads must not share the kept cursor.
+    """
     with connection.cursor() as cursor:
         client = cursor.cursor
-        cursor.cursor = _preparing_cursor(connection)
+        raw = client.connection
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = _NEVER_BY_COUNT
+        cursor.cursor = _PreparingCursor(raw)
         try:
             cursor.execute(statement, params)
             return _rows(cursor, unless_rowcount)
         finally:
+            cursor.cursor.close()
             cursor.cursor = client
 
 

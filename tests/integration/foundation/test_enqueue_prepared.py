@@ -126,6 +126,21 @@ def test_hooks_and_the_query_log_still_see_the_prepared_insert():
     assert JobEvent.objects.filter(event="job.enqueued").count() == 4
 
 
+def test_a_connection_shared_between_threads_does_not_use_the_kept_cursor(monkeypatch):
+    import jobs.prepared as prepared
+
+    def kept(connection):
+        raise AssertionError("the kept cursor is for one thread's connection only")
+
+    connection.inc_thread_sharing()
+    try:
+        monkeypatch.setattr(prepared, "_preparing_cursor", kept)
+        job = enqueue("sleep", {"seconds": 0})
+    finally:
+        connection.dec_thread_sharing()
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_kept_cursor_follows_a_reconnect():
     enqueue("sleep", {"seconds": 0})
