@@ -12,6 +12,10 @@ it once per connection: the document travels apart from the text and the
 plan is reused. The enqueue plan does not depend on table sizes (an INSERT
 from a document; unique indexes arbitrate conflicts), so a plan made on an
 empty table stays right (PERF-NOTES, "Cached plans made on an empty table").
+The check of its events' foreign key is another matter, and PostgreSQL's
+own: planned once per session, it is a sequential scan if the job table's
+statistics said "empty" then (analyzed while empty, and no autoanalyze
+since); autovacuum's next ANALYZE replaces it (bench/enqueue.py --unanalyzed).
 
 Off, the statement is sent like every other query, when:
 
