@@ -24,13 +24,32 @@ hyphens), which is cheaper to format than ``str(uuid)``.
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from jobs.wakeups import NOTIFY_CHANNEL
 
-if TYPE_CHECKING:
-    from jobs.enqueue import _Row
+
+class _Row(Protocol):
+    """What the statement reads of a validated job (``jobs.enqueue._Row``)."""
+
+    id: uuid.UUID
+    operation: str
+    queue: str
+    payload_json: str
+    priority: int
+    run_after: datetime
+    expires_at: datetime | None
+    max_attempts: int
+    parent_id: uuid.UUID | None
+    unique_key: str | None
+    unique_while: str | None
+    timeout_seconds: float | None
+    schedule_id: uuid.UUID | None
+    trace_context: dict[str, str] | None
+
 
 JOB_COLUMNS = (
     "id, operation, queue, payload, status, priority, run_after, expires_at, attempts, "
@@ -80,7 +99,7 @@ POSTGRES_INSERT = (
 )
 
 
-def statement(rows: list[_Row], now: datetime) -> tuple[str, dict[str, Any]]:
+def statement(rows: Sequence[_Row], now: datetime) -> tuple[str, dict[str, Any]]:
     """The INSERT of ``rows`` and its parameters: the uniform form when the rows allow it."""
     first = rows[0]
     operation, queue, priority = first.operation, first.queue, first.priority
@@ -114,7 +133,7 @@ def statement(rows: list[_Row], now: datetime) -> tuple[str, dict[str, Any]]:
     }
 
 
-def _general_document(rows: list[_Row]) -> str:
+def _general_document(rows: Sequence[_Row]) -> str:
     """The batch as a JSON array, each payload's JSON spliced in as it was serialised.
 
     A batch usually repeats one operation, queue, priority, run_after and so
