@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from jobs.conf import knob
 from jobs.dialect import dialect
-from jobs.enqueue_statement import EVENT_COLUMNS, INSERT_CONFLICT, JOB_COLUMNS, statement
+from jobs.enqueue_statement import EVENT_COLUMNS, INSERT_CONFLICT, JOB_COLUMNS, Row, statement
 from jobs.exceptions import EnqueueError
 from jobs.key_holders import key_holders
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job
@@ -85,28 +85,6 @@ class JobSpec:
     timeout_seconds: float | None = None
     # The schedule firing it (jobs.schedules.firing); stored as ``Job.schedule``.
     schedule: uuid.UUID | str | None = None
-
-
-@dataclass(slots=True)
-class _Row:
-    """A validated spec, ready to insert: the payload is serialised once."""
-
-    id: uuid.UUID
-    operation: str
-    queue: str
-    payload: Any
-    payload_json: str
-    priority: int
-    run_after: datetime
-    expires_at: datetime | None
-    max_attempts: int
-    parent_id: uuid.UUID | None
-    unique_key: str | None
-    unique_while: str | None
-    timeout_seconds: float | None
-    schedule_id: uuid.UUID | None = None
-    # The enqueue span's propagated context (jobs.tracing); None when not traced.
-    trace_context: dict[str, str] | None = None
 
 
 class _Batch:
@@ -253,7 +231,7 @@ def _whole(value: Any) -> bool:
     return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def _prepare(spec: JobSpec, batch: _Batch) -> tuple[_Row | None, dict[str, list[str]]]:
+def _prepare(spec: JobSpec, batch: _Batch) -> tuple[Row | None, dict[str, list[str]]]:
     op = batch.op(spec.operation)
     if isinstance(op, EnqueueError):
         return None, dict(op.errors)
@@ -314,7 +292,7 @@ def _prepare(spec: JobSpec, batch: _Batch) -> tuple[_Row | None, dict[str, list[
             errors["schedule"] = [f"No schedule with id {spec.schedule}."]
     if errors:
         return None, errors
-    return _Row(
+    return Row(
         next(batch.ids),
         spec.operation,
         queue or op.queue,
@@ -413,7 +391,7 @@ def _enqueue_many(
 ) -> list[Job]:
     now = timezone.now()
     batch = _Batch(int(knob("MAX_PAYLOAD_BYTES")), now, len(specs))
-    rows: list[_Row] = []
+    rows: list[Row] = []
     errors: dict[str, list[str]] = {}
     single = len(specs) == 1
     for index, spec in enumerate(specs):
@@ -461,7 +439,7 @@ def _enqueue_many(
 
 
 def _holders(
-    skipped: list[_Row], inserted: set[uuid.UUID], now: datetime, using: str
+    skipped: list[Row], inserted: set[uuid.UUID], now: datetime, using: str
 ) -> dict[str | None, Job]:
     """The jobs holding the keys of ``skipped`` rows, marked ``duplicate``, by key.
 
@@ -499,7 +477,7 @@ def enqueue(operation: str, payload: dict[str, Any] | None = None, **options: An
     return enqueue_many([spec], using=using)[0]
 
 
-def _job(row: _Row, now: datetime, using: str) -> Job:
+def _job(row: Row, now: datetime, using: str) -> Job:
     """The stored job as a model instance, built without Model.__init__'s per-field work.
 
     Bulk enqueue returns thousands of these; the full constructor alone would
@@ -561,7 +539,7 @@ def _job_template(now: datetime) -> dict[str, Any]:
     return _template[1]
 
 
-def _insert_postgres(rows: list[_Row], now: datetime, using: str) -> list[uuid.UUID]:
+def _insert_postgres(rows: list[Row], now: datetime, using: str) -> list[uuid.UUID]:
     """One statement (``jobs.enqueue_statement``), prepared once per connection where allowed."""
     returned = fetch_all(using, *statement(rows, now), unless_rowcount=len(rows))
     if returned is None:  # every row was stored: nothing to read back
@@ -569,7 +547,7 @@ def _insert_postgres(rows: list[_Row], now: datetime, using: str) -> list[uuid.U
     return [row[0] for row in returned]
 
 
-def _insert(rows: list[_Row], now: datetime, *, using: str) -> list[uuid.UUID]:
+def _insert(rows: list[Row], now: datetime, *, using: str) -> list[uuid.UUID]:
     """Insert jobs and their ``job.enqueued`` events; return the ids actually inserted."""
     d = dialect(using)
     if d.postgres:

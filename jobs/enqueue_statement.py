@@ -26,18 +26,21 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from jobs.wakeups import NOTIFY_CHANNEL
 
 
-class _Row(Protocol):
-    """What the statement reads of a validated job (``jobs.enqueue._Row``)."""
+@dataclass(slots=True)
+class Row:
+    """A validated job, ready to insert: the payload is serialised once (``jobs.enqueue``)."""
 
     id: uuid.UUID
     operation: str
     queue: str
+    payload: Any
     payload_json: str
     priority: int
     run_after: datetime
@@ -47,8 +50,9 @@ class _Row(Protocol):
     unique_key: str | None
     unique_while: str | None
     timeout_seconds: float | None
-    schedule_id: uuid.UUID | None
-    trace_context: dict[str, str] | None
+    schedule_id: uuid.UUID | None = None
+    # The enqueue span's propagated context (jobs.tracing); None when not traced.
+    trace_context: dict[str, str] | None = None
 
 
 JOB_COLUMNS = (
@@ -99,7 +103,7 @@ POSTGRES_INSERT = (
 )
 
 
-def statement(rows: Sequence[_Row], now: datetime) -> tuple[str, dict[str, Any]]:
+def statement(rows: Sequence[Row], now: datetime) -> tuple[str, dict[str, Any]]:
     """The INSERT of ``rows`` and its parameters: the uniform form when the rows allow it."""
     first = rows[0]
     operation, queue, priority = first.operation, first.queue, first.priority
@@ -133,7 +137,7 @@ def statement(rows: Sequence[_Row], now: datetime) -> tuple[str, dict[str, Any]]
     }
 
 
-def _general_document(rows: Sequence[_Row]) -> str:
+def _general_document(rows: Sequence[Row]) -> str:
     """The batch as a JSON array, each payload's JSON spliced in as it was serialised.
 
     A batch usually repeats one operation, queue, priority, run_after and so
@@ -160,7 +164,7 @@ def _general_document(rows: Sequence[_Row]) -> str:
     return "[" + ",".join(parts) + "]"
 
 
-def _extras(row: _Row, dumps: Any) -> str:
+def _extras(row: Row, dumps: Any) -> str:
     """The optional columns of one row's JSON (``,"key":value`` each), empty for most jobs."""
     if (
         row.unique_key is None
