@@ -8,8 +8,11 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from django.db import connections, router
 from django.db.models import Count, Q, QuerySet
+from django.db.models.expressions import Col
 
 from jobs.dialect import dialect
 from jobs.models import Job, JobEvent
@@ -165,17 +168,46 @@ def job_events_page(
     so the page is the seq range ``(after, after + limit]``: a plain join on
     the unique ``(job, seq)`` index, no LIMIT, on SQLite as on PostgreSQL.
     The last seq and the events come from one snapshot.
+
+    Read with a plain cursor, the rows typed by Django's own converters: a
+    ``RawQuerySet`` costs ~175 us of set-up per call (column mapping,
+    converters, model init order), most of a poll that finds nothing new.
     """
-    d = dialect()
+    using = router.db_for_read(JobEvent)  # as the ORM would route it (jobs.replica)
+    d = dialect(using)
     after = min(after, MAX_SEQ)  # seq is a 32-bit column: nothing lies beyond
-    rows = JobEvent.objects.raw(
-        f"SELECT e.id, e.job_id, e.seq, e.ts, e.event, e.level, e.message, e.fields, "
-        f"j.last_event_seq AS job_last_seq FROM {Job._meta.db_table} j "
-        f"LEFT JOIN {JobEvent._meta.db_table} e "
-        "ON e.job_id = j.id AND e.seq > %s AND e.seq <= %s WHERE j.id = %s ORDER BY e.seq",
-        [after, after + limit, d.uuid(job_id)],
-    )
-    rows = list(rows)
+    with connections[using].cursor() as cursor:
+        cursor.execute(_EVENTS_PAGE, [after, after + limit, d.uuid(job_id)])
+        rows = cursor.fetchall()
     if not rows:
         return None
-    return rows[0].job_last_seq, [row for row in rows if row.seq is not None]
+    last_seq = rows[0][-1]
+    if rows[0][0] is None:  # the job, and no event in the range
+        return last_seq, []
+    return last_seq, [_event_from_row(row[:-1], using) for row in rows]
+
+
+_EVENT_FIELDS = JobEvent._meta.concrete_fields  # from_db takes every field in this order
+_EVENTS_PAGE = (
+    f"SELECT {', '.join('e.' + field.column for field in _EVENT_FIELDS)}, j.last_event_seq "
+    f"FROM {Job._meta.db_table} j LEFT JOIN {JobEvent._meta.db_table} e "
+    "ON e.job_id = j.id AND e.seq > %s AND e.seq <= %s WHERE j.id = %s ORDER BY e.seq"
+)
+_converters: dict[str, list[tuple[Col, list[Any]]]] = {}
+
+
+def _event_from_row(values: Sequence[Any], using: str) -> JobEvent:
+    """A ``JobEvent`` as the ORM would build it from these column values."""
+    connection = connections[using]
+    converters = _converters.get(connection.vendor)
+    if converters is None:
+        converters = _converters[connection.vendor] = [
+            (col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+            for col in (field.get_col(JobEvent._meta.db_table) for field in _EVENT_FIELDS)
+        ]
+    typed = []
+    for value, (col, column_converters) in zip(values, converters, strict=True):
+        for convert in column_converters:
+            value = convert(value, col, connection)
+        typed.append(value)
+    return JobEvent.from_db(using, [field.attname for field in _EVENT_FIELDS], typed)

@@ -59,3 +59,35 @@ def test_concurrent_emits_get_seqs_without_gaps_or_duplicates():
             e.seq for e in sorted(ticks, key=lambda e: e.fields["i"]) if e.fields["thread"] == n
         ]
         assert seqs == sorted(seqs)
+
+
+# --- the events page reads what the ORM reads ----------------------------------------
+
+
+def test_the_events_page_builds_the_events_the_orm_reads():
+    """``job_events_page`` types its rows itself (a plain cursor and Django's converters):
+    ids, timestamps, JSON and text must come back exactly as the ORM gives them."""
+    from jobs.selectors.jobs import job_events_page
+
+    job, held = running()
+    emit_event(
+        job.pk,
+        event="t.data",
+        message="naïve → ✓ <b>",
+        level="warning",
+        fields={"nested": {"list": [1, 2.5, None, "x"]}, "flag": True},
+        lease_token=held.lease_token,
+    )
+    expected = list(JobEvent.objects.filter(job_id=job.pk).order_by("seq"))
+
+    last, events = job_events_page(job.pk)
+
+    assert last == expected[-1].seq
+    fields = [f.attname for f in JobEvent._meta.concrete_fields]
+    assert [[getattr(e, f) for f in fields] for e in events] == [
+        [getattr(e, f) for f in fields] for e in expected
+    ]
+    assert events[-1].fields == {"nested": {"list": [1, 2.5, None, "x"]}, "flag": True}
+    assert events[-1].ts.tzinfo is not None and events[-1].job_id == job.pk
+    assert job_events_page(job.pk, after=last) == (last, [])
+    assert job_events_page(job.pk, after=1, limit=1)[1] == expected[1:2]
