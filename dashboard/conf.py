@@ -23,6 +23,9 @@ DEFAULTS: dict[str, float] = {
     # Skipped event ids (a transaction still open, or rolled back) are looked
     # up again for this long, so a late commit is still reported.
     "RELAY_HOLE_SECONDS": 60.0,
+    # New jobs are found by creation time (their enqueue event is implied, not
+    # stored): each read looks back this far for transactions that committed late.
+    "RELAY_NEW_JOBS_LOOKBACK_SECONDS": 10.0,
     # Summary pages (overview, queues, workers) are re-rendered at most this
     # often, and workers at least this often for heartbeat ages.
     "SUMMARY_REFRESH_SECONDS": 2.0,

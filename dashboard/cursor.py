@@ -1,4 +1,4 @@
-"""Reading the event table in id order without losing events that commit late.
+"""Reading the event table in id order without losing events that commit late; and new jobs.
 
 Event ids are handed out at insert but become visible at commit, so a big
 transaction (an enqueue of thousands of jobs, a long operation's batch) can
@@ -18,11 +18,13 @@ import time
 import uuid
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db.models import Q
+from django.utils import timezone
 
 from dashboard.conf import setting
-from jobs.models import JobEvent
+from jobs.models import Job, JobEvent
 
 BATCH = 5000
 MAX_HOLES = 200  # ranges of skipped ids kept; the oldest go first
@@ -106,3 +108,47 @@ class EventCursor:
             if start <= hole.high:
                 holes.append(Hole(start, hole.high, hole.since))
         self.holes = holes
+
+
+class NewJobCursor:
+    """Jobs created since the last read, newest first, each reported once.
+
+    Most jobs have no stored ``job.enqueued`` event (``jobs.timeline``), so the
+    event cursor does not see them arrive; the job table's creation-time index
+    does. ``created_at`` is taken before the insert and the row becomes
+    visible at commit, so each read looks back ``RELAY_NEW_JOBS_LOOKBACK_SECONDS``
+    before the newest creation time seen and skips the ids already reported:
+    a transaction that stays open longer than that is not announced live (the
+    list shows its jobs when it is next loaded). At most ``BATCH`` rows are
+    read, newest first: in a flood the newest are reported and the page is
+    told there are more.
+    """
+
+    def __init__(self) -> None:
+        self.newest: datetime | None = None
+        self.seen: dict[uuid.UUID, datetime] = {}
+
+    def prime(self) -> None:
+        """Start from now: the jobs already there are the page's own, not new."""
+        self.newest = timezone.now()
+        self.seen = {}
+        self.read()
+
+    def read(self) -> tuple[list[uuid.UUID], bool]:
+        """Ids of jobs not reported before (newest first), and whether the read was cut short."""
+        if self.newest is None:
+            self.prime()
+            return [], False
+        floor = self.newest - timedelta(seconds=float(setting("RELAY_NEW_JOBS_LOOKBACK_SECONDS")))
+        rows = list(
+            Job.objects.filter(created_at__gt=floor)
+            .order_by("-created_at", "-id")
+            .values_list("id", "created_at")[:BATCH]
+        )
+        new = [job_id for job_id, _ in rows if job_id not in self.seen]
+        if rows:
+            self.newest = max(self.newest, rows[0][1])
+        horizon = self.newest - timedelta(seconds=float(setting("RELAY_NEW_JOBS_LOOKBACK_SECONDS")))
+        self.seen = {job_id: at for job_id, at in self.seen.items() if at > horizon}
+        self.seen.update((job_id, at) for job_id, at in rows if at > horizon)
+        return new, len(rows) >= BATCH

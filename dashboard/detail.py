@@ -22,7 +22,9 @@ from dashboard.conf import setting
 from dashboard.db import Count, capped_count
 from dashboard.selectors import LIST_FIELDS, STATES, stale_before
 from jobs.models import EventLevel, Job, JobEvent, Worker
+from jobs.selectors import job_events_after
 from jobs.states import RUNNING
+from jobs.timeline import complete as complete_timeline
 
 
 @dataclass
@@ -181,14 +183,19 @@ def timeline(
         qs = qs.filter(seq__lt=before)
     if level in LEVELS:
         qs = qs.filter(Q(level__in=LEVELS[LEVELS.index(level) :]) | Q(event=ATTEMPT_EVENT))
-    rows = list(qs.order_by("-seq")[: limit + 1])
+    rows = list(reversed(qs.order_by("-seq")[: limit + 1]))
+    reaches_start = len(rows) <= limit and (before is None or before > 1)
+    if reaches_start and level in ("", LEVELS[0]):
+        created_at = Job.objects.filter(pk=job_id).values_list("created_at", flat=True).first()
+        if created_at is not None:
+            rows = complete_timeline(rows, job_id=job_id, created_at=created_at)
     earlier = len(rows) > limit
-    return list(reversed(rows[:limit])), earlier
+    return rows[-limit:], earlier
 
 
 def events_after(job_id: uuid.UUID, after: int, limit: int = 500) -> list[JobEvent]:
     """Events with seq > ``after``, ascending: gap-free because seqs commit in order."""
-    return list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])
+    return job_events_after(job_id, after, limit)
 
 
 def is_progress_only(event: JobEvent) -> bool:

@@ -15,6 +15,9 @@ When does it read?
   (``jobs.remote.listener``), waits ``RELAY_DEBOUNCE_SECONDS`` so a burst of
   commits becomes one read, and reads. A safety read every
   ``RELAY_SAFETY_POLL_SECONDS`` covers a lost connection.
+  Enqueues store no event row (``jobs.timeline``): the relay also hears the
+  workers' wake-up ``NOTIFY`` (``jobs.wakeups``) and finds new jobs by their
+  creation time (``dashboard.cursor.NewJobCursor``).
 * SQLite (no NOTIFY): a read every ``RELAY_INTERVAL_SECONDS``.
 
 What it reads comes from ``dashboard.cursor.EventCursor``: the rows after
@@ -37,11 +40,13 @@ from channels.layers import get_channel_layer
 from dashboard import detail as detail_reads
 from dashboard import render, selectors
 from dashboard.conf import setting
-from dashboard.cursor import EventCursor, max_event_id
+from dashboard.cursor import EventCursor, NewJobCursor, max_event_id
 from dashboard.db import bounded_reads
 from dashboard.filters import JobFilters
 from jobs.models import Job
 from jobs.remote.listener import listener
+from jobs.timeline import ENQUEUED_EVENT
+from jobs.wakeups import NOTIFY_CHANNEL as WAKEUP_CHANNEL
 
 log = logging.getLogger("dashboard.relay")
 
@@ -88,6 +93,7 @@ class Relay:
         self.subscribers: dict[str, Subscription] = {}
         self.task: asyncio.Task | None = None
         self.cursor = EventCursor()
+        self.new_jobs = NewJobCursor()
         self.wake: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listening = False
@@ -113,9 +119,11 @@ class Relay:
         if sub.job_id is not None:
             self.job_seq.setdefault(sub.job_id, sub.after)
         if not self.running:
-            end = await database_sync_to_async(max_event_id)()
+            new_jobs = NewJobCursor()
+            end = await database_sync_to_async(_starting_points)(new_jobs)
             if not self.running and self.subscribers:  # nobody started it meanwhile
                 self.cursor = EventCursor(end)  # pages catch up on older events themselves
+                self.new_jobs = new_jobs
                 self.loop = asyncio.get_running_loop()
                 self.wake = asyncio.Event()
                 self._listen()
@@ -145,6 +153,7 @@ class Relay:
             listener.ensure_running()
         elif listener.available:
             listener.subscribe(EVENTS_CHANNEL, self.notify, on_connect=self.notify)
+            listener.subscribe(WAKEUP_CHANNEL, self.notify)  # enqueues: no event row to trigger
             self.listening = True
 
     def notify(self, payload: str = "") -> None:
@@ -229,7 +238,9 @@ class Relay:
     def _collect_bounded(
         self, subs: dict[str, Subscription]
     ) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
-        changes = self._read_changes()
+        changes = self._read_changes(
+            new_jobs=any(s.page == "jobs" or s.page in SUMMARY_PAGES for s in subs.values())
+        )
         if changes.jobs:
             self.dirty = True
         pushes: list[tuple[str, dict[str, Any]]] = []
@@ -238,16 +249,23 @@ class Relay:
         pushes += self._page_pushes(subs)
         return pushes, changes.full
 
-    def _read_changes(self) -> Changes:
-        """The jobs whose events appeared since the last read (late commits included)."""
+    def _read_changes(self, *, new_jobs: bool = True) -> Changes:
+        """The jobs whose events appeared since the last read (late commits included), and
+        the new jobs if a page shows them (most have no stored enqueue event:
+        ``jobs.timeline``)."""
         rows, full = self.cursor.read()
-        jobs: dict[uuid.UUID, int] = {}
-        enqueued: list[uuid.UUID] = []
+        if new_jobs:
+            new, new_full = self.new_jobs.read()
+        else:  # nobody shows them: start again from the moment somebody does
+            new, new_full = [], False
+            self.new_jobs.newest = None
+        jobs: dict[uuid.UUID, int] = dict.fromkeys(new, 1)
+        enqueued: dict[uuid.UUID, None] = dict.fromkeys(new)
         for _, job_id, seq, name in rows:
             jobs[job_id] = max(seq, jobs.get(job_id, 0))
-            if name == "job.enqueued":
-                enqueued.append(job_id)
-        return Changes(jobs=jobs, enqueued=enqueued, full=full)
+            if name == ENQUEUED_EVENT:
+                enqueued[job_id] = None
+        return Changes(jobs=jobs, enqueued=list(enqueued), full=full or new_full)
 
     def _job_pushes(self, changes: Changes, subs: dict[str, Subscription]):
         watched: dict[uuid.UUID, set[str]] = {}
@@ -320,6 +338,12 @@ class Relay:
             yield page_group(page), {"type": "page.refresh", "page": page, "html": html}
         if pushed or not wanted:
             self.dirty = False
+
+
+def _starting_points(new_jobs: NewJobCursor) -> int:
+    """Where the event table ends (returned) and, primed, which jobs exist already."""
+    new_jobs.prime()
+    return max_event_id()
 
 
 def _summaries(ids: list[uuid.UUID], *, with_payload: bool) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """Putting jobs on queues, from Python, the CLI and the REST API alike.
 
-``enqueue_many`` stores any number of jobs and their ``job.enqueued`` events
-in one statement per 1,000 jobs, inside the caller's transaction if there is
-one: the jobs exist only if the caller commits. On PostgreSQL the same
+``enqueue_many`` stores any number of jobs in one statement per 1,000 jobs,
+inside the caller's transaction if there is one: the jobs exist only if the
+caller commits. Each job's ``job.enqueued`` event is implied by its row
+(``jobs.timeline``). On PostgreSQL the same
 statement sends one ``NOTIFY`` per queue (only the queue name: workers treat
 it as a hint and claim from the table), and is prepared once per connection
 where that is allowed (``jobs.prepared``; not behind a transaction pooler).
@@ -38,7 +39,7 @@ from django.utils import timezone
 
 from jobs.conf import knob
 from jobs.dialect import dialect
-from jobs.enqueue_statement import EVENT_COLUMNS, INSERT_CONFLICT, JOB_COLUMNS, Row, statement
+from jobs.enqueue_statement import INSERT_CONFLICT, JOB_COLUMNS, Row, statement
 from jobs.exceptions import EnqueueError
 from jobs.key_holders import key_holders
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job
@@ -548,7 +549,8 @@ def _insert_postgres(rows: list[Row], now: datetime, using: str) -> list[uuid.UU
 
 
 def _insert(rows: list[Row], now: datetime, *, using: str) -> list[uuid.UUID]:
-    """Insert jobs and their ``job.enqueued`` events; return the ids actually inserted."""
+    """Insert jobs (their ``job.enqueued`` events are implied: ``jobs.timeline``); return the
+    ids actually inserted."""
     d = dialect(using)
     if d.postgres:
         return _insert_postgres(rows, now, using)
@@ -584,10 +586,4 @@ def _insert(rows: list[Row], now: datetime, *, using: str) -> list[uuid.UUID]:
             f"{INSERT_CONFLICT} RETURNING id",
             params,
         )
-        ids = [r[0] for r in cursor.fetchall()]
-        cursor.executemany(
-            f"INSERT INTO controlplane_jobevent ({EVENT_COLUMNS}) "
-            "VALUES (%s, 1, %s, 'job.enqueued', 'info', '', '{}')",
-            [(job_id, created) for job_id in ids],
-        )
-        return [d.read_id(job_id) for job_id in ids]
+        return [d.read_id(row[0]) for row in cursor.fetchall()]

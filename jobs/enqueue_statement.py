@@ -1,7 +1,9 @@
-"""PostgreSQL's enqueue statement: a batch of jobs, their ``job.enqueued`` events and the NOTIFY.
+"""PostgreSQL's enqueue statement: a batch of jobs and the NOTIFY.
 
-One statement stores up to 1,000 jobs with their events (a CTE) and sends
-one ``NOTIFY`` per queue (only the queue name: a hint, delivered at commit).
+One statement stores up to 1,000 jobs and sends one ``NOTIFY`` per queue
+(only the queue name: a hint, delivered at commit). Each job's
+``job.enqueued`` event is implied by its row (``jobs.timeline``), which is
+inserted with ``last_event_seq = 1``.
 The jobs travel as one JSON document, so the statement text never changes
 (``jobs.prepared`` prepares it once per connection) and each payload goes in
 as the JSON it was serialised to, not re-encoded per column.
@@ -61,45 +63,40 @@ JOB_COLUMNS = (
     "error_message, created_at, unique_key, last_event_seq, last_event_at, unique_while, "
     "timeout_seconds, schedule_id, trace_context"
 )
-EVENT_COLUMNS = "job_id, seq, ts, event, level, message, fields"
 # Any unique index: in practice job_unique_key_held (a held key), as ids never repeat.
 INSERT_CONFLICT = "ON CONFLICT DO NOTHING"
 
 # The optional columns, absent from most jobs' JSON (a missing key reads as NULL).
 _OPTIONAL = "parent uuid, ukey text, uwhile text, timeout float8, schedule uuid, trace jsonb"
 
-_EVENTS = (
-    f"INSERT INTO controlplane_jobevent ({EVENT_COLUMNS}) "
-    "SELECT ins.id, 1, %(now)s, 'job.enqueued', 'info', '', '{}'::jsonb FROM ins "
+# One NOTIFY per statement and queue, evaluated once (a materialised CTE), delivered at commit.
+_NOTIFY_ONE = (
+    f"WITH notified AS MATERIALIZED (SELECT pg_notify('{NOTIFY_CHANNEL}', %(queue)s::text)) "
+)
+_NOTIFY_EACH = (
+    f"WITH notified AS MATERIALIZED (SELECT count(pg_notify('{NOTIFY_CHANNEL}', q)) "
+    "FROM unnest(%(queues)s::text[]) AS q) "
 )
 
 UNIFORM_INSERT = (
-    f"WITH ins AS (INSERT INTO controlplane_job ({JOB_COLUMNS}) "
+    _NOTIFY_ONE + f"INSERT INTO controlplane_job ({JOB_COLUMNS}) "
     "SELECT u.id, %(operation)s::text, %(queue)s::text, u.payload, 'queued', "
     "%(priority)s::int, %(run_after)s::timestamptz, %(expires_at)s::timestamptz, 0, "
     "%(max_attempts)s::int, 0, u.parent, 0, NULL, '', '', %(now)s, u.ukey, 1, %(now)s, "
     "u.uwhile, u.timeout, u.schedule, u.trace "
     f"FROM jsonb_to_recordset(%(jobs)s::jsonb) AS u(id uuid, payload jsonb, {_OPTIONAL}) "
-    f"{INSERT_CONFLICT} RETURNING id) "
-    + _EVENTS
-    + f"CROSS JOIN (SELECT pg_notify('{NOTIFY_CHANNEL}', %(queue)s::text)) AS notified "
-    "RETURNING job_id"
+    f"CROSS JOIN notified {INSERT_CONFLICT} RETURNING id"
 )
 
 POSTGRES_INSERT = (
-    f"WITH ins AS (INSERT INTO controlplane_job ({JOB_COLUMNS}) "
+    _NOTIFY_EACH + f"INSERT INTO controlplane_job ({JOB_COLUMNS}) "
     "SELECT u.id, u.operation, u.queue, u.payload, 'queued', u.priority, u.run_after, "
     "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %(now)s, u.ukey, 1, "
     "%(now)s, u.uwhile, u.timeout, u.schedule, u.trace "
     "FROM jsonb_to_recordset(%(jobs)s::jsonb) AS u(id uuid, payload jsonb, operation text, "
     "queue text, priority int, run_after timestamptz, expires_at timestamptz, "
     f"max_attempts int, {_OPTIONAL}) "
-    f"{INSERT_CONFLICT} RETURNING id) "
-    + _EVENTS
-    # One NOTIFY per queue, delivered at commit; a hint, never the job.
-    + f"CROSS JOIN (SELECT count(pg_notify('{NOTIFY_CHANNEL}', q)) FROM "
-    "unnest(%(queues)s::text[]) AS q) AS notified "
-    "RETURNING job_id"
+    f"CROSS JOIN notified {INSERT_CONFLICT} RETURNING id"
 )
 
 

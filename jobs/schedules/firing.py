@@ -47,6 +47,7 @@ from jobs.exceptions import EnqueueError
 from jobs.models import CatchUp, Job, JobEvent, Overlap, Schedule, ScheduleFire
 from jobs.schedules.timing import Timing, TimingError
 from jobs.states import ACTIVE
+from jobs.timeline import ENQUEUED_EVENT
 
 log = logging.getLogger("jobs.schedules")
 
@@ -209,13 +210,18 @@ def enqueue_for(schedule: Schedule, fire_at: datetime) -> Job:
         priority=schedule.priority,
         schedule=schedule.pk,
     )
-    # Same transaction as the insert: nobody sees the event without these fields.
-    JobEvent.objects.filter(job_id=job.pk, seq=1).update(
+    # Stored, unlike most jobs' implied one (jobs.timeline), to carry the slot; in the
+    # insert's transaction, so nobody sees the job without it.
+    JobEvent.objects.create(
+        job_id=job.pk,
+        seq=1,
+        ts=job.created_at,
+        event=ENQUEUED_EVENT,
         fields={
             "schedule": str(schedule.pk),
             "schedule_name": schedule.name,
             "fire_at": fire_at.isoformat(),
-        }
+        },
     )
     return job
 

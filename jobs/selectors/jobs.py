@@ -14,6 +14,7 @@ from django.db import connections, router
 from django.db.models import Count, Q, QuerySet
 from django.db.models.expressions import Col
 
+from jobs import timeline
 from jobs.dialect import dialect
 from jobs.models import Job, JobEvent
 from jobs.selectors.counts import CountResult, estimated_count
@@ -146,12 +147,19 @@ def job_children_counts(job_id: uuid.UUID) -> dict[str, int]:
 def job_events_after(
     job_id: uuid.UUID, after: int = 0, limit: int = DEFAULT_EVENT_LIMIT
 ) -> list[JobEvent]:
-    """Events of a job with ``seq > after``, ascending, at most ``limit``.
+    """Events of a job with ``seq > after``, ascending, at most ``limit``; the implied
+    ``job.enqueued`` included (``jobs.timeline``).
 
     A poller that passes the largest seq it has seen never misses or repeats
     one: seqs are taken under the job's row lock, so they commit in order.
     """
-    return list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])
+    stored = list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])
+    if after >= 1 or (stored and stored[0].seq == 1):
+        return stored
+    created_at = Job.objects.filter(pk=job_id).values_list("created_at", flat=True).first()
+    if created_at is None:  # no such job
+        return stored
+    return timeline.complete(stored, job_id=job_id, created_at=created_at, limit=limit)
 
 
 MAX_SEQ = 2**31 - 1
@@ -181,33 +189,49 @@ def job_events_page(
         rows = cursor.fetchall()
     if not rows:
         return None
-    last_seq = rows[0][-1]
-    if rows[0][0] is None:  # the job, and no event in the range
-        return last_seq, []
-    return last_seq, [_event_from_row(row[:-1], using) for row in rows]
+    last_seq, created_at = rows[0][-2:]
+    if rows[0][0] is None:  # the job, and no stored event in the range
+        stored = []
+    else:
+        stored = [_event_from_row(row[:-2], using) for row in rows]
+    if after >= 1:
+        return last_seq, stored
+    (created_at,) = _typed(Job, _CREATED_AT, [created_at], using)
+    return last_seq, timeline.complete(stored, job_id=job_id, created_at=created_at)
 
 
 _EVENT_FIELDS = JobEvent._meta.concrete_fields  # from_db takes every field in this order
 _EVENTS_PAGE = (
-    f"SELECT {', '.join('e.' + field.column for field in _EVENT_FIELDS)}, j.last_event_seq "
+    f"SELECT {', '.join('e.' + field.column for field in _EVENT_FIELDS)}, j.last_event_seq, "
+    "j.created_at "
     f"FROM {Job._meta.db_table} j LEFT JOIN {JobEvent._meta.db_table} e "
     "ON e.job_id = j.id AND e.seq > %s AND e.seq <= %s WHERE j.id = %s ORDER BY e.seq"
 )
-_converters: dict[str, list[tuple[Col, list[Any]]]] = {}
+_converters: dict[tuple[str, str], list[tuple[Col, list[Any]]]] = {}
 
 
-def _event_from_row(values: Sequence[Any], using: str) -> JobEvent:
-    """A ``JobEvent`` as the ORM would build it from these column values."""
+def _typed(model: type, fields: Sequence[Any], values: Sequence[Any], using: str) -> list[Any]:
+    """Column values typed as the ORM would type them (SQLite hands back text, say)."""
     connection = connections[using]
-    converters = _converters.get(connection.vendor)
+    key = (connection.vendor, model._meta.label)
+    converters = _converters.get(key)
     if converters is None:
-        converters = _converters[connection.vendor] = [
+        converters = _converters[key] = [
             (col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
-            for col in (field.get_col(JobEvent._meta.db_table) for field in _EVENT_FIELDS)
+            for col in (field.get_col(model._meta.db_table) for field in fields)
         ]
     typed = []
     for value, (col, column_converters) in zip(values, converters, strict=True):
         for convert in column_converters:
             value = convert(value, col, connection)
         typed.append(value)
+    return typed
+
+
+def _event_from_row(values: Sequence[Any], using: str) -> JobEvent:
+    """A ``JobEvent`` as the ORM would build it from these column values."""
+    typed = _typed(JobEvent, _EVENT_FIELDS, values, using)
     return JobEvent.from_db(using, [field.attname for field in _EVENT_FIELDS], typed)
+
+
+_CREATED_AT = (Job._meta.get_field("created_at"),)

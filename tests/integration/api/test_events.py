@@ -7,7 +7,10 @@ import uuid
 
 import pytest
 from django.db import connection, transaction
+from django.utils.dateparse import parse_datetime
 
+from jobs.enqueue import JobSpec, enqueue_many
+from jobs.models import Job, JobEvent
 from jobs.transitions import emit_event
 from tests.conftest import wait_for
 from tests.integration.foundation.helpers import queued, running
@@ -48,6 +51,39 @@ def test_events_after_a_seq_ascending(viewer):
     emit_event(job.pk, event="test.late", lease_token=held.lease_token)
     resumed = viewer.get(f"/jobs/{job.pk}/events", after=beyond["last_seq"]).json()
     assert [e["seq"] for e in resumed["results"]] == [6] and resumed["last_seq"] == 6
+
+
+@pytest.mark.django_db
+def test_the_enqueue_event_is_implied_by_the_job_row_and_served_as_seq_one(viewer):
+    """Enqueue stores the job alone (jobs.timeline); readers still see seq 1 first."""
+    [job, other] = enqueue_many([JobSpec("ping", {}), JobSpec("ping", {"n": 1})])
+    assert not JobEvent.objects.filter(job_id__in=[job.pk, other.pk]).exists()
+    assert Job.objects.get(pk=job.pk).last_event_seq == 1
+    body = viewer.get(f"/jobs/{job.pk}/events").json()
+    assert body == {
+        "results": [
+            {
+                "seq": 1,
+                "ts": body["results"][0]["ts"],
+                "event": "job.enqueued",
+                "level": "info",
+                "message": "",
+                "fields": {},
+            }
+        ],
+        "last_seq": 1,
+        "has_more": False,
+    }
+    created = Job.objects.get(pk=job.pk).created_at
+    assert parse_datetime(body["results"][0]["ts"]) == created
+    assert viewer.get(f"/jobs/{job.pk}/events", after=1).json()["results"] == []
+    # The next event is stored as seq 2; the page from the start is 1, 2, gap-free.
+    emit_event(job.pk, event="test.step")
+    assert list(JobEvent.objects.filter(job_id=job.pk).values_list("seq", flat=True)) == [2]
+    page = viewer.get(f"/jobs/{job.pk}/events", limit=1).json()
+    assert [e["seq"] for e in page["results"]] == [1] and page["has_more"] is True
+    page = viewer.get(f"/jobs/{job.pk}/events", after=page["last_seq"]).json()
+    assert [(e["seq"], e["event"]) for e in page["results"]] == [(2, "test.step")]
 
 
 @pytest.mark.django_db

@@ -330,3 +330,85 @@ async def test_a_real_late_commit_on_postgresql_is_reported() -> None:
 
     await db(scenario)()
     await db(connections.close_all)()  # or the test database could not be dropped
+
+
+async def test_new_jobs_are_reported_once_though_their_enqueue_event_is_not_stored() -> None:
+    """Enqueue writes no event row (jobs.timeline): the relay finds new jobs by creation
+    time, reports each once, and not the jobs that were there before it started."""
+    from dashboard.relay import Relay
+
+    def scenario() -> None:
+        before = queued()
+        fresh_relay = Relay()
+        fresh_relay._read_changes()  # primed: `before` is the page's own
+        first, second = queued(), queued()
+        changes = fresh_relay._read_changes()
+        assert set(changes.enqueued) == {first.pk, second.pk}
+        assert before.pk not in changes.jobs and changes.jobs[first.pk] == 1
+        assert fresh_relay._read_changes().enqueued == []
+        # Not read while no list or summary page is open: started again from then.
+        assert fresh_relay._read_changes(new_jobs=False).enqueued == []
+        queued()
+        assert fresh_relay._read_changes().enqueued == []
+
+    await db(scenario)()
+    await db(connections.close_all)()
+
+
+async def test_a_flood_of_new_jobs_reports_the_newest_and_says_there_are_more(
+    monkeypatch,
+) -> None:
+    import dashboard.cursor
+    from dashboard.relay import Relay
+
+    monkeypatch.setattr(dashboard.cursor, "BATCH", 3)
+
+    def scenario() -> None:
+        fresh_relay = Relay()
+        fresh_relay._read_changes()
+        jobs = [queued() for _ in range(5)]
+        changes = fresh_relay._read_changes()
+        assert changes.full and len(changes.enqueued) == 3
+        assert set(changes.enqueued) <= {j.pk for j in jobs}
+        assert jobs[-1].pk in changes.enqueued
+
+    await db(scenario)()
+    await db(connections.close_all)()
+
+
+async def test_a_job_enqueued_in_a_late_commit_is_reported_on_postgresql() -> None:
+    """A job created first but committed after later jobs were read is still reported."""
+    if not _postgres():
+        pytest.skip("SQLite serialises writers: no later job can commit first")
+    import threading
+
+    from django.db import transaction
+
+    from dashboard.relay import Relay
+
+    def scenario() -> None:
+        fresh_relay = Relay()
+        fresh_relay._read_changes()
+        inserted, commit = threading.Event(), threading.Event()
+        early: list = []
+
+        def slow_transaction() -> None:
+            try:
+                with transaction.atomic():
+                    early.append(queued())
+                    inserted.set()
+                    assert commit.wait(10)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=slow_transaction)
+        thread.start()
+        assert inserted.wait(10)
+        late = queued()
+        assert fresh_relay._read_changes().enqueued == [late.pk]
+        commit.set()
+        thread.join(10)
+        assert fresh_relay._read_changes().enqueued == [early[0].pk]
+
+    await db(scenario)()
+    await db(connections.close_all)()

@@ -25,6 +25,7 @@ from tests.integration.foundation.helpers import (
     queued,
     running,
 )
+from tests.integration.timelines import events_of
 from workers.batch_runner import MessageFlight, run_message
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +40,7 @@ def drain(queue: str, *, limit: int = 1000) -> list[str]:
 
 
 def events(job: Job, name: str) -> int:
-    return JobEvent.objects.filter(job_id=job.pk, event=name).count()
+    return events_of(job).count(name)
 
 
 def coordinate(n: int):

@@ -18,6 +18,7 @@ from jobs.claims import Completion, claim_jobs, complete_and_claim, extend_lease
 from jobs.enqueue import JobSpec, enqueue, enqueue_many
 from jobs.independent import independent_connection
 from jobs.models import Job, JobEvent, RemoteOperation
+from tests.integration.timelines import timeline_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,7 +40,7 @@ def status(job: Job) -> str:
 
 
 def timeline(job: Job) -> list[tuple[int, str]]:
-    return list(JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("seq", "event"))
+    return timeline_of(job)
 
 
 def declare_remote(name: str, queue: str = "default") -> None:

@@ -14,8 +14,9 @@ import pytest
 from django.db import connection
 
 from jobs.enqueue import enqueue
-from jobs.models import Job, JobEvent, Worker
+from jobs.models import Job, Worker
 from tests.conftest import wait_for
+from tests.integration.timelines import events_of
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -33,9 +34,7 @@ def status(job: Job) -> str:
 
 
 def events(job: Job) -> list[str]:
-    return list(
-        JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("event", flat=True)
-    )
+    return events_of(job)
 
 
 def marked(worker_id: uuid.UUID) -> bool:

@@ -32,6 +32,7 @@ from jobs.transitions import (
 from tests.conftest import FAST_KNOBS, wait_for
 from tests.integration.engine import db_error_ops
 from tests.integration.engine.conftest import TEST_MODULES
+from tests.integration.timelines import events_of
 from workers.config import WorkerConfig
 from workers.resilience import database_answers, is_outage
 
@@ -49,9 +50,7 @@ def _postgres_only() -> None:
 
 
 def _events(job: Job) -> list[str]:
-    return list(
-        JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("event", flat=True)
-    )
+    return events_of(job)
 
 
 def _terminal(*jobs: Job) -> bool:

@@ -27,6 +27,7 @@ from django.db import connection, transaction
 from jobs.enqueue import enqueue
 from jobs.models import Job, JobEvent, Worker
 from tests.conftest import wait_for
+from tests.integration.timelines import events_of
 from workers.shutdown import REPEAT_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,9 +40,7 @@ def _status(job: Job) -> str:
 
 
 def _events(job: Job) -> list[str]:
-    return list(
-        JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("event", flat=True)
-    )
+    return events_of(job)
 
 
 def _start(worker, grace: float, cleanup: float = 2.0):

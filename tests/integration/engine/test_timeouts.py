@@ -28,6 +28,7 @@ from jobs.timeouts import fail_overdue_jobs, time_out_job
 from jobs.transitions import complete_job, emit_event, fail_job
 from tests.conftest import wait_for
 from tests.integration.foundation.helpers import assert_consistent, unique_queue
+from tests.integration.timelines import events_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,9 +42,7 @@ def status(job: Job) -> str:
 
 
 def events(job: Job) -> list[str]:
-    return list(
-        JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("event", flat=True)
-    )
+    return events_of(job)
 
 
 def timeout_event(job: Job) -> JobEvent:

@@ -15,6 +15,7 @@ from jobs import transitions
 from jobs.enqueue import JobSpec, enqueue, enqueue_many
 from jobs.models import Job, JobEvent, Queue, Worker
 from tests.conftest import wait_for
+from tests.integration.timelines import events_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,9 +25,7 @@ def status(job) -> str:
 
 
 def events(job) -> list[str]:
-    return list(
-        JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("event", flat=True)
-    )
+    return events_of(job)
 
 
 def test_concurrent_workers_never_run_a_job_twice(worker):

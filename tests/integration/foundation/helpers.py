@@ -9,9 +9,10 @@ import pytest
 
 from jobs.claims import ClaimedJob, claim_jobs
 from jobs.enqueue import enqueue
-from jobs.models import Job, JobEvent
+from jobs.models import Job
 from jobs.operations import JobContext
 from jobs.transitions import cancel_job, complete_job, emit_event, fail_job
+from tests.integration.timelines import timeline_of
 
 
 def unique_queue() -> str:
@@ -67,8 +68,7 @@ def fresh(job_or_id: Job | uuid.UUID) -> Job:
 
 
 def timeline(job_or_id: Job | uuid.UUID) -> list[tuple[int, str]]:
-    pk = job_or_id.pk if isinstance(job_or_id, Job) else job_or_id
-    return list(JobEvent.objects.filter(job_id=pk).order_by("seq").values_list("seq", "event"))
+    return timeline_of(job_or_id)
 
 
 def assert_consistent(job_or_id: Job | uuid.UUID) -> list[tuple[int, str]]:

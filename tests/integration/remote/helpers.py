@@ -139,11 +139,9 @@ def job_status(job_id: Any) -> str:
 
 
 def events_of(job_id: Any) -> list[str]:
-    from jobs.models import JobEvent
+    from tests.integration.timelines import events_of as read_events
 
-    return list(
-        JobEvent.objects.filter(job_id=job_id).order_by("seq").values_list("event", flat=True)
-    )
+    return read_events(job_id)
 
 
 def eventually(
