@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, router
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Model, Q, QuerySet
 from django.db.models.expressions import Col
 
 from jobs import timeline
@@ -210,7 +210,7 @@ _EVENTS_PAGE = (
 _converters: dict[tuple[str, str], list[tuple[Col, list[Any]]]] = {}
 
 
-def _typed(model: type, fields: Sequence[Any], values: Sequence[Any], using: str) -> list[Any]:
+def _typed(model: type[Model], fields: Sequence[Any], values: Sequence[Any], using: str) -> list[Any]:
     """Column values typed as the ORM would type them (SQLite hands back text, say)."""
     connection = connections[using]
     key = (connection.vendor, model._meta.label)

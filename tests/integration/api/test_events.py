@@ -56,7 +56,7 @@ def test_events_after_a_seq_ascending(viewer):
 @pytest.mark.django_db
 def test_the_enqueue_event_is_implied_by_the_job_row_and_served_as_seq_one(viewer):
     """Enqueue stores the job alone (jobs.timeline); readers still see seq 1 first."""
-    [job, other] = enqueue_many([JobSpec("ping", {}), JobSpec("ping", {"n": 1})])
+    [job, other] = enqueue_many([JobSpec("ping"), JobSpec("ping", priority=3)])
     assert not JobEvent.objects.filter(job_id__in=[job.pk, other.pk]).exists()
     assert Job.objects.get(pk=job.pk).last_event_seq == 1
     body = viewer.get(f"/jobs/{job.pk}/events").json()

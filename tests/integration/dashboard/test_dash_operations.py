@@ -16,10 +16,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from dashboard import audit
-from jobs.models import Job, JobEvent, OperatorAction
+from jobs.models import Job, OperatorAction
 from jobs.operations import operation, registry
 from jobs.remote import register_worker
 from tests.integration.dashboard.helpers import HOSTILE_SCRIPT, make_user
+from tests.integration.timelines import events_of
 
 pytestmark = pytest.mark.django_db
 
@@ -153,9 +154,7 @@ def test_an_operator_enqueues_from_the_typed_form(operator_client: Client) -> No
     }
     assert (job.queue, job.priority, job.max_attempts) == ("dashop", 5, 2)
     assert job.run_after == datetime(2031, 2, 3, 4, 5, tzinfo=UTC)
-    assert list(JobEvent.objects.filter(job=job).values_list("event", flat=True)) == [
-        "job.enqueued"
-    ]
+    assert events_of(job) == ["job.enqueued"]
     action = OperatorAction.objects.get()
     assert (action.action, action.target, action.count) == (audit.ENQUEUE, str(job.pk), 1)
     assert action.username == username(operator_client)

@@ -22,6 +22,7 @@ from tests.integration.dashboard.helpers import (
     running,
     tick,
 )
+from tests.integration.timelines import timeline_of
 
 ENTRY = re.compile(r'<li class="ev [^"]*"[^>]*data-seq="(\d+)"')
 
@@ -139,7 +140,7 @@ def test_the_level_filter_keeps_warnings_errors_and_attempt_headers(
 ) -> None:
     job, second = two_attempts()
     fail_job(job.pk, lease_token=second.lease_token, error_code="E", error_message="gave up")
-    names = dict(JobEvent.objects.filter(job=job).values_list("seq", "event"))
+    names = dict(timeline_of(job))
     assert list(names.values()) == [
         "job.enqueued",
         "job.started",

@@ -132,6 +132,8 @@ def violations(*, expect_all_succeeded: bool = True) -> dict[str, list[str]]:
         timelines[str(job_id)].append((seq, event))
     for job_id, (_, status, _, last_seq) in jobs.items():
         timeline = timelines.get(job_id, [])
+        if not timeline or timeline[0][0] != 1:
+            timeline.insert(0, (1, "job.enqueued"))  # implied by the job row (jobs.timeline)
         seqs = [seq for seq, _ in timeline]
         if seqs != list(range(1, len(seqs) + 1)) or (seqs and seqs[-1] != last_seq):
             found["seq gap"].append(f"{job_id} seqs={seqs} last_event_seq={last_seq}")

@@ -32,7 +32,7 @@ from jobs.transitions import (
 from tests.conftest import FAST_KNOBS, wait_for
 from tests.integration.engine import db_error_ops
 from tests.integration.engine.conftest import TEST_MODULES
-from tests.integration.timelines import events_of
+from tests.integration.timelines import events_of, timeline_of
 from workers.config import WorkerConfig
 from workers.resilience import database_answers, is_outage
 
@@ -205,9 +205,7 @@ def test_the_outage_budget_is_counted_from_the_timeline_and_reset_by_an_operator
     failed = Job.objects.get(pk=job.pk)
     assert failed.error_code == OUTAGE_ERROR_CODE and "X: gone" in failed.error_message
     assert failed.attempts == 1  # the two requeued runs were not counted
-    seqs = list(
-        JobEvent.objects.filter(job_id=job.pk).order_by("seq").values_list("seq", flat=True)
-    )
+    seqs = [seq for seq, _ in timeline_of(job)]
     assert seqs == list(range(1, len(seqs) + 1))  # no gaps
 
     retry_job(job.pk, by="operator")

@@ -15,7 +15,7 @@ from jobs import transitions
 from jobs.enqueue import JobSpec, enqueue, enqueue_many
 from jobs.models import Job, JobEvent, Queue, Worker
 from tests.conftest import wait_for
-from tests.integration.timelines import events_of
+from tests.integration.timelines import events_of, timeline_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,8 +43,8 @@ def test_concurrent_workers_never_run_a_job_twice(worker):
     assert {row["n"] for row in starts} == {1}
     assert len(starts) == 300
     # every job's timeline is gapless: enqueued, started, succeeded
-    seqs = JobEvent.objects.filter(job_id=jobs[0].pk).values_list("seq", flat=True)
-    assert sorted(seqs) == [1, 2, 3]
+    seqs = [seq for seq, _ in timeline_of(jobs[0])]
+    assert seqs == [1, 2, 3]
 
 
 def test_sigterm_mid_job_requeues_and_exits_143(worker):

@@ -29,6 +29,7 @@ from jobs.metrics.rollup import (
 )
 from jobs.models import JobEvent, MetricCursor, MetricRollup, MetricTotal
 from jobs.schedules.services import create_schedule
+from jobs.selectors import job_events_after
 from jobs.transitions import cancel_job, complete_job, fail_job
 from tests.integration.api.conftest import assert_error_shape
 from tests.integration.foundation.helpers import (
@@ -225,7 +226,7 @@ def _retry_then_succeed(job, held) -> None:
 
 def _true_waits_and_runs(job) -> tuple[float, float]:
     """What the timeline says: the sums of the job's two waits and two runs, in seconds."""
-    events = list(JobEvent.objects.filter(job_id=job.pk).order_by("seq"))
+    events = job_events_after(job.pk)  # the implied job.enqueued included (jobs.timeline)
     ts = {e.event: e.ts for e in events if e.event != "job.started"}
     starts = [e.ts for e in events if e.event == "job.started"]
     retry = next(e for e in events if e.event == "job.retry_scheduled")
