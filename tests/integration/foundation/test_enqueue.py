@@ -21,6 +21,7 @@ from jobs.exceptions import EnqueueError, UnknownOperation
 from jobs.models import Job, JobEvent
 from jobs.operations import Operation, discover_operations, operation, registry
 from jobs.transitions import complete_job
+from tests.integration.timelines import timeline_of
 
 from .helpers import assert_consistent, claim, context, fresh, queued, timeline
 
@@ -72,8 +73,10 @@ def test_enqueue_many_of_1000_takes_a_bounded_number_of_queries(django_assert_ma
         jobs = enqueue_many([JobSpec("ping", queue="bulk") for _ in range(1000)])
     assert len({j.pk for j in jobs}) == 1000
     assert Job.objects.filter(queue="bulk", status="queued").count() == 1000
-    assert JobEvent.objects.filter(job__queue="bulk", event="job.enqueued", seq=1).count() == 1000
+    # One row per job and no event row: each job.enqueued is implied (jobs.timeline).
+    assert not JobEvent.objects.filter(job__queue="bulk").exists()
     assert set(Job.objects.filter(queue="bulk").values_list("last_event_seq", flat=True)) == {1}
+    assert timeline_of(jobs[0]) == timeline_of(jobs[-1]) == [(1, "job.enqueued")]
 
 
 def test_enqueue_many_beyond_one_chunk_still_takes_few_queries(django_assert_max_num_queries):
@@ -108,7 +111,9 @@ def test_idempotency_key_inside_enqueue_many():
     assert jobs[3].pk == jobs[1].pk
     assert len({j.pk for j in jobs}) == 3
     assert Job.objects.count() == 3
-    assert JobEvent.objects.filter(event="job.enqueued").count() == 3
+    assert not JobEvent.objects.exists()  # enqueue stores no event row
+    for pk in {j.pk for j in jobs}:
+        assert timeline_of(pk) == [(1, "job.enqueued")]  # one each, duplicates add none
 
 
 # --- the caller's transaction -----------------------------------------------------------
@@ -427,47 +432,54 @@ def test_cli_refuses_bad_input_with_a_clear_message(args, expected):
 
 
 @pytest.fixture
-def failing_event_insert(transactional_db):
-    """Make every ``controlplane_jobevent`` INSERT fail in the database itself.
+def refused_queue(transactional_db):
+    """Make the database refuse any job INSERTed on the queue ``atomic-refused``.
 
     Outside any test transaction (``transactional_db``): inside one, the
-    test's own transaction would hide a half-done enqueue on SQLite.
+    test's own transaction would hide a half-done enqueue. Enqueue writes no
+    event row any more (``jobs.timeline``), so the failure is injected into
+    the job INSERT itself, on the batch's last row.
     """
     from django.db import connection
 
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
-                "CREATE FUNCTION test_refuse_event() RETURNS trigger LANGUAGE plpgsql AS "
-                "$$ BEGIN RAISE EXCEPTION 'event insert refused by the test'; END; $$"
+                "CREATE FUNCTION test_refuse_job() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'job insert refused by the test'; END; $$"
             )
             cursor.execute(
-                "CREATE TRIGGER test_refuse_event BEFORE INSERT ON controlplane_jobevent "
-                "FOR EACH ROW EXECUTE FUNCTION test_refuse_event()"
+                "CREATE TRIGGER test_refuse_job BEFORE INSERT ON controlplane_job "
+                "FOR EACH ROW WHEN (NEW.queue = 'atomic-refused') "
+                "EXECUTE FUNCTION test_refuse_job()"
             )
         else:
             cursor.execute(
-                "CREATE TRIGGER test_refuse_event BEFORE INSERT ON controlplane_jobevent "
-                "BEGIN SELECT RAISE(ABORT, 'event insert refused by the test'); END"
+                "CREATE TRIGGER test_refuse_job BEFORE INSERT ON controlplane_job "
+                "WHEN NEW.queue = 'atomic-refused' "
+                "BEGIN SELECT RAISE(ABORT, 'job insert refused by the test'); END"
             )
     yield
     with connection.cursor() as cursor:
         cursor.execute(
-            "DROP TRIGGER test_refuse_event"
-            + (" ON controlplane_jobevent" if connection.vendor == "postgresql" else "")
+            "DROP TRIGGER test_refuse_job"
+            + (" ON controlplane_job" if connection.vendor == "postgresql" else "")
         )
         if connection.vendor == "postgresql":
-            cursor.execute("DROP FUNCTION test_refuse_event()")
+            cursor.execute("DROP FUNCTION test_refuse_job()")
 
 
-@pytest.mark.parametrize("count", [1, 3])
-def test_a_failed_event_insert_leaves_no_job(failing_event_insert, count):
-    """Job and event rows commit together: on SQLite they are two statements."""
+@pytest.mark.parametrize("count", [3, 2500])
+def test_a_refused_job_insert_leaves_no_job_of_the_batch(refused_queue, count):
+    """A batch is stored whole or not at all: at 2,500 jobs the refused row is in the
+    third 1,000-job statement, after two were inserted in the same transaction."""
     from django.db import DatabaseError
 
+    specs = [JobSpec("ping", queue="atomic") for _ in range(count - 1)]
     with pytest.raises(DatabaseError, match="refused by the test"):
-        enqueue_many([JobSpec("ping", queue="atomic") for _ in range(count)])
-    assert Job.objects.filter(queue="atomic").count() == 0
+        enqueue_many([*specs, JobSpec("ping", queue="atomic-refused")])
+    assert Job.objects.filter(queue__startswith="atomic").count() == 0
+    assert enqueue_many(specs) and Job.objects.filter(queue="atomic").count() == count - 1
 
 
 # --- payloads no database can store ---------------------------------------------------

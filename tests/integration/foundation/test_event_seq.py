@@ -7,7 +7,7 @@ import threading
 import pytest
 from django.db import close_old_connections, connection
 
-from jobs.models import JobEvent
+from jobs.models import Job, JobEvent
 from jobs.transitions import emit_event
 
 from .helpers import assert_consistent, running
@@ -79,15 +79,30 @@ def test_the_events_page_builds_the_events_the_orm_reads():
         lease_token=held.lease_token,
     )
     expected = list(JobEvent.objects.filter(job_id=job.pk).order_by("seq"))
+    assert [e.seq for e in expected] == [2, 3]  # seq 1 is implied, not stored
 
     last, events = job_events_page(job.pk)
 
     assert last == expected[-1].seq
     fields = [f.attname for f in JobEvent._meta.concrete_fields]
-    assert [[getattr(e, f) for f in fields] for e in events] == [
+    # The implied job.enqueued first, unsaved, at the job's created_at (as the ORM reads it).
+    created_at = Job.objects.get(pk=job.pk).created_at
+    assert {f: getattr(events[0], f) for f in fields} == {
+        "id": None,
+        "job_id": job.pk,
+        "seq": 1,
+        "ts": created_at,
+        "event": "job.enqueued",
+        "level": "info",
+        "message": "",
+        "fields": {},
+    }
+    assert events[0].ts.tzinfo is not None
+    # The stored ones exactly as the ORM builds them.
+    assert [[getattr(e, f) for f in fields] for e in events[1:]] == [
         [getattr(e, f) for f in fields] for e in expected
     ]
     assert events[-1].fields == {"nested": {"list": [1, 2.5, None, "x"]}, "flag": True}
     assert events[-1].ts.tzinfo is not None and events[-1].job_id == job.pk
     assert job_events_page(job.pk, after=last) == (last, [])
-    assert job_events_page(job.pk, after=1, limit=1)[1] == expected[1:2]
+    assert job_events_page(job.pk, after=1, limit=1)[1] == expected[0:1]

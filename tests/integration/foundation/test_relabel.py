@@ -15,6 +15,8 @@ from jobs.claims import claim_jobs
 from jobs.enqueue import enqueue
 from jobs.models import Job, JobEvent
 from jobs.relabel import has_legacy_tables, refuse_legacy_tables
+from jobs.transitions import emit_event
+from tests.integration.timelines import timeline_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,6 +50,7 @@ def test_relabel_keeps_jobs_events_grants_and_the_claim():
     alice = User.objects.create_user("alice")
     alice.user_permissions.add(Permission.objects.get(codename="view_job"))
     job = enqueue("ping", {})
+    emit_event(job.pk, event="t.kept")  # a stored event (job.enqueued is implied, not stored)
     assert not has_legacy_tables(connection)
 
     _back_to_the_old_layout()
@@ -64,9 +67,10 @@ def test_relabel_keeps_jobs_events_grants_and_the_claim():
 
     assert not has_legacy_tables(connection)
     assert Job.objects.get(pk=job.id).operation == "ping"
-    assert list(JobEvent.objects.filter(job_id=job.id).values_list("event", flat=True)) == [
-        "job.enqueued"
+    assert list(JobEvent.objects.filter(job_id=job.id).values_list("seq", "event")) == [
+        (2, "t.kept")
     ]
+    assert timeline_of(job) == [(1, "job.enqueued"), (2, "t.kept")]
     assert User.objects.get(username="alice").has_perm("controlplane.view_job")
     call_command("migrate", check=True, verbosity=0)  # exits non-zero if anything is unapplied
     claimed = claim_jobs(queues=[job.queue], worker_id=uuid.uuid4(), limit=1, lease_seconds=30)

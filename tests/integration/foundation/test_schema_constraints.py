@@ -11,6 +11,8 @@ from django.utils import timezone
 
 from jobs.enqueue import JobSpec, enqueue, enqueue_many
 from jobs.models import Job, JobEvent
+from jobs.transitions import emit_event
+from tests.integration.timelines import timeline_of
 
 
 def _raw_job(**columns) -> None:
@@ -77,9 +79,12 @@ def test_a_terminal_row_with_finished_at_is_accepted():
 @pytest.mark.django_db
 def test_event_seq_is_unique_per_job_and_positive():
     job = enqueue("ping", {}, queue="constraints")
-    for seq in (1, 0):
+    # seq 1 (job.enqueued) is implied, not stored: emit one so a stored seq exists.
+    assert emit_event(job.pk, event="t.stored") == 2
+    for seq in (2, 0, -1):
         with pytest.raises(IntegrityError), transaction.atomic():
             JobEvent.objects.create(job=job, seq=seq, event="x")
+    assert list(JobEvent.objects.filter(job=job).values_list("seq", "event")) == [(2, "t.stored")]
 
 
 @pytest.mark.django_db
@@ -139,7 +144,9 @@ def test_concurrent_enqueue_with_one_idempotency_key_makes_one_job():
     assert not errors, errors
     assert len(got) == 2 and got[0] == got[1]
     assert Job.objects.filter(unique_key=key).count() == 1
-    assert JobEvent.objects.filter(job__unique_key=key).count() == 1
+    # No event row (job.enqueued is implied) and one job.enqueued on the one job's timeline.
+    assert not JobEvent.objects.filter(job__unique_key=key).exists()
+    assert timeline_of(got[0]) == [(1, "job.enqueued")]
 
 
 def test_the_hand_written_sql_names_the_models_tables():

@@ -12,6 +12,7 @@ from django.db import connection
 
 from jobs.enqueue import enqueue
 from jobs.models import OperatorAction
+from jobs.transitions import emit_event
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -76,7 +77,9 @@ def test_new_events_notify_controlplane_events():
     try:
         listener.execute("LISTEN controlplane_events")
         assert list(listener.notifies(timeout=0.1, stop_after=1)) == []
-        enqueue("ping", {}, queue="notify-test")  # job + job.enqueued event, committed
+        job = enqueue("ping", {}, queue="notify-test")  # the job row only: job.enqueued is implied
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
+        emit_event(job.pk, event="t.notify")  # a stored event (seq 2), committed
         got = list(listener.notifies(timeout=10, stop_after=1))
         assert [(n.channel, n.payload) for n in got] == [("controlplane_events", "")]
     finally:

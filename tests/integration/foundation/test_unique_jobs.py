@@ -311,7 +311,9 @@ def test_twenty_concurrent_enqueues_of_one_key_make_one_job(mode):
     assert len({j.pk for j in got}) == 1
     assert sorted(j.duplicate for j in got) == [False] + [True] * 19
     assert Job.objects.filter(unique_key=key).count() == 1
-    assert JobEvent.objects.filter(job__unique_key=key).count() == 1
+    # No event row (job.enqueued is implied) and one job.enqueued on the one job's timeline.
+    assert not JobEvent.objects.filter(job__unique_key=key).exists()
+    assert timeline(got[0]) == [(1, "job.enqueued")]
 
 
 def test_a_holder_that_leaves_its_window_before_the_read_makes_room(monkeypatch):

@@ -16,6 +16,7 @@ from jobs.enqueue import enqueue
 from jobs.models import Job, JobEvent
 from jobs.partitions import DEFAULT_PARTITION, event_partitions, is_partitioned
 from jobs.selectors.jobs import job_events_page
+from jobs.transitions import emit_event
 from tests.integration.partitions.test_partitions import make_job, partition_of
 
 pytestmark = [
@@ -49,6 +50,8 @@ def test_a_populated_table_is_converted_in_place_and_back():
         assert not is_partitioned()
         now = timezone.now()
         current = [enqueue("ping") for _ in range(5)]
+        for job in current:  # job.enqueued is implied: give each a stored event to move
+            emit_event(job.pk, event="t.current")
         old = make_job(now - timedelta(days=40), events=4)  # before the window: DEFAULT
         legacy = Job.objects.create(id=uuid.uuid4(), operation="ping", queue="history")
         JobEvent.objects.create(job=legacy, seq=1, event="job.enqueued")
@@ -66,8 +69,13 @@ def test_a_populated_table_is_converted_in_place_and_back():
         assert all(partition_of(job) == {today} for job in current)
         assert partition_of(old) == {DEFAULT_PARTITION}
         assert [e.seq for e in job_events_page(old.pk)[1]] == [1, 2, 3, 4]
+        assert [(e.seq, e.event) for e in job_events_page(current[0].pk)[1]] == [
+            (1, "job.enqueued"),
+            (2, "t.current"),
+        ]
         # The identity goes on after the copied ids, and the NOTIFY trigger is back.
         newest = enqueue("ping")
+        emit_event(newest.pk, event="t.newest")
         assert JobEvent.objects.get(job_id=newest.pk).id > rows[-1][0]
         with connection.cursor() as cursor:
             cursor.execute(
@@ -80,8 +88,10 @@ def test_a_populated_table_is_converted_in_place_and_back():
         # every partition); an event left without its job is deleted on the way back.
         assert job_foreign_keys() == []
         gone = enqueue("ping")
+        emit_event(gone.pk, event="t.orphaned")  # a stored event, about to lose its job
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM controlplane_job WHERE id = %s", [gone.pk])
+        assert len(snapshot()) == len(rows) + 1  # its event stays while partitioned
 
         assert "is now plain" in partition_events("--undo")
         assert "was already plain" in partition_events("--undo")

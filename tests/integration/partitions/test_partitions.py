@@ -26,7 +26,7 @@ from jobs.partitions import (
     retire_partitions,
 )
 from jobs.selectors.jobs import job_events_page
-from jobs.transitions import retry_job
+from jobs.transitions import emit_event, retry_job
 from workers.config import ReaperConfig
 from workers.reaper import Reaper
 
@@ -103,8 +103,11 @@ def test_partitioning_made_partitions_ahead_and_events_land_in_the_current_one()
     assert any(p.start <= now < p.end for p in parts)
     assert parts[-1].end >= now + DAY * 3
     job = enqueue("ping")
+    assert partition_of(job) == set()  # job.enqueued is implied, not stored (jobs.timeline)
+    emit_event(job.pk, event="t.landed")
     [current] = [p.name for p in parts if p.low <= job.pk < p.high]
     assert partition_of(job) == {current}
+    assert [e.seq for e in job_events_page(job.pk)[1]] == [1, 2]
 
 
 def test_ids_no_range_covers_land_in_default_and_move_when_their_range_is_made():

@@ -15,9 +15,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, connections
 from django.test import override_settings
 
+from jobs import timeline
 from jobs.enqueue import JobSpec, enqueue
-from jobs.models import Job
+from jobs.models import Job, JobEvent
 from jobs.shards import QueueShards
+from jobs.transitions import emit_event
 from tests.conftest import FAST_KNOBS, ROOT, database_url_for_subprocess, wait_for
 
 SHARD = "shard2"
@@ -84,8 +86,17 @@ def test_enqueue_stores_each_job_on_its_queues_shard(shard):
     assert mail._state.db == SHARD
     for job in (other, by_operation):
         assert on("default", job) is not None and on(SHARD, job) is None
-    # Each job's timeline starts on its own shard, in the enqueue's transaction.
-    assert list(mail.events.using(SHARD).values_list("event", flat=True)) == ["job.enqueued"]
+    # Each job's timeline lives on its own shard: job.enqueued is implied by the shard's job
+    # row (jobs.timeline), nothing is stored on either database, and the next event is seq 2
+    # there.
+    assert on(SHARD, mail).last_event_seq == 1
+    assert not JobEvent.objects.using(SHARD).exists()
+    assert not JobEvent.objects.using("default").exists()
+    assert emit_event(mail.pk, event="t.next", using=SHARD) == 2
+    stored = list(mail.events.using(SHARD).order_by("seq"))
+    page = timeline.complete(stored, job_id=mail.pk, created_at=on(SHARD, mail).created_at)
+    assert [(e.seq, e.event) for e in page] == [(1, "job.enqueued"), (2, "t.next")]
+    assert not JobEvent.objects.using("default").exists()
 
 
 def test_enqueue_many_splits_by_shard_and_keeps_the_order(shard):
