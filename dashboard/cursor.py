@@ -120,8 +120,9 @@ class NewJobCursor:
     before the newest creation time seen and skips the ids already reported:
     a transaction that stays open longer than that is not announced live (the
     list shows its jobs when it is next loaded). At most ``BATCH`` rows are
-    read, newest first: in a flood the newest are reported and the page is
-    told there are more.
+    read, newest first: in a flood the newest are reported (more than
+    ``RELAY_NEW_JOBS_MAX`` tell the page there are many) and older ones in
+    the window are not looked at again.
     """
 
     def __init__(self) -> None:
@@ -134,11 +135,11 @@ class NewJobCursor:
         self.seen = {}
         self.read()
 
-    def read(self) -> tuple[list[uuid.UUID], bool]:
-        """Ids of jobs not reported before (newest first), and whether the read was cut short."""
+    def read(self) -> list[uuid.UUID]:
+        """Ids of jobs not reported before, newest first."""
         if self.newest is None:
             self.prime()
-            return [], False
+            return []
         floor = self.newest - timedelta(seconds=float(setting("RELAY_NEW_JOBS_LOOKBACK_SECONDS")))
         rows = list(
             Job.objects.filter(created_at__gt=floor)
@@ -151,4 +152,4 @@ class NewJobCursor:
         horizon = self.newest - timedelta(seconds=float(setting("RELAY_NEW_JOBS_LOOKBACK_SECONDS")))
         self.seen = {job_id: at for job_id, at in self.seen.items() if at > horizon}
         self.seen.update((job_id, at) for job_id, at in rows if at > horizon)
-        return new, len(rows) >= BATCH
+        return new

@@ -255,9 +255,9 @@ class Relay:
         ``jobs.timeline``)."""
         rows, full = self.cursor.read()
         if new_jobs:
-            new, new_full = self.new_jobs.read()
+            new = self.new_jobs.read()
         else:  # nobody shows them: start again from the moment somebody does
-            new, new_full = [], False
+            new = []
             self.new_jobs.newest = None
         jobs: dict[uuid.UUID, int] = dict.fromkeys(new, 1)
         enqueued: dict[uuid.UUID, None] = dict.fromkeys(new)
@@ -265,7 +265,7 @@ class Relay:
             jobs[job_id] = max(seq, jobs.get(job_id, 0))
             if name == ENQUEUED_EVENT:
                 enqueued[job_id] = None
-        return Changes(jobs=jobs, enqueued=list(enqueued), full=full or new_full)
+        return Changes(jobs=jobs, enqueued=list(enqueued), full=full)
 
     def _job_pushes(self, changes: Changes, subs: dict[str, Subscription]):
         watched: dict[uuid.UUID, set[str]] = {}
