@@ -42,9 +42,10 @@ from jobs.api.serializers import (
     JobPageSerializer,
     JobSerializer,
     ReasonSerializer,
+    represent,
+    validated,
 )
 from jobs.enqueue import enqueue
-from jobs.models import Job
 from jobs.transitions import cancel_job, retry_job
 
 # --- jobs ---------------------------------------------------------------------------
@@ -120,18 +121,16 @@ class JobListView(ApiView):
         },
     )
     def post(self, request: Request) -> Response:
-        serializer = EnqueueSerializer(data=self.body(request))
-        serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
+        data = dict(validated(EnqueueSerializer, self.body(request)))
         operation = data.pop("operation")
         payload = data.pop("payload", None)
         payload = {} if payload is None else payload
         options = {name: value for name, value in data.items() if value is not None}
+        # The job as stored (enqueue builds it from the row it inserted), or the
+        # holder of its unique key, just read from the database.
         job = enqueue(operation, payload, **options)
-        if job.duplicate:  # the holder, just read from the database
-            return Response(EnqueuedJobSerializer(job).data, status=status.HTTP_200_OK)
-        job = Job.objects.get(pk=job.pk)
-        return Response(EnqueuedJobSerializer(job).data, status=status.HTTP_201_CREATED)
+        answer = status.HTTP_200_OK if job.duplicate else status.HTTP_201_CREATED
+        return Response(represent(EnqueuedJobSerializer, job), status=answer)
 
 
 class JobDetailView(ApiView):
@@ -146,7 +145,7 @@ class JobDetailView(ApiView):
     def get(self, request: Request, job_id: str) -> Response:
         job = self.job_or_404(job_id)
         job.children_counts = selectors.job_children_counts(job.pk)
-        return Response(JobDetailSerializer(job).data)
+        return Response(represent(JobDetailSerializer, job))
 
 
 class JobEventsView(ApiView):

@@ -81,6 +81,29 @@ def test_enqueue_with_every_option(operator):
     assert fresh(body["id"]).run_after > timezone.now() + timedelta(minutes=59)
 
 
+def test_the_enqueue_answer_is_the_job_as_stored(operator, viewer):
+    """POST /jobs answers from the row it inserted, not a re-read: it must say what a
+    GET of the same job says, every field (timestamps, payload, options) alike."""
+    body = {
+        "operation": "sleep",
+        "payload": {"seconds": 0.25, "emit_every": 0.1},
+        "queue": "as-stored",
+        "priority": 7,
+        "run_after": (timezone.now() + timedelta(hours=2)).isoformat(),
+        "expires_at": (timezone.now() + timedelta(days=1)).isoformat(),
+        "max_attempts": 2,
+        "unique_key": "as-stored-1",
+        "timeout_seconds": 12.5,
+    }
+    posted = operator.post("/jobs", body)
+    assert posted.status_code == 201, posted.content
+    answer = posted.json()
+    assert answer.pop("duplicate") is False
+    read = viewer.get(f"/jobs/{answer['id']}").json()
+    read.pop("children")
+    assert answer == read
+
+
 def test_enqueue_payload_defaults_to_an_empty_object(operator):
     response = operator.post("/jobs", {"operation": "ping"})
     assert response.status_code == 201 and response.json()["payload"] == {}
