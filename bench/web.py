@@ -439,6 +439,26 @@ def wrk(
     return parse_wrk(output, sampler.peak)
 
 
+def settle(server: Server, *, quick_ms: float = 50.0, limit_seconds: float = 15.0) -> None:
+    """Wait until ``server`` has worked off what wrk left queued when it stopped.
+
+    wrk closes its connections at the end of a row, but a server still runs
+    the requests it had read: after 256 clients of the job list, seconds of
+    them. The next row would measure that backlog (a 1-client row showing a
+    one-second p99), so each row starts once a cheap request answers quickly.
+    """
+    import httpx
+
+    deadline = time.monotonic() + limit_seconds
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        with contextlib.suppress(httpx.TransportError):
+            httpx.get(server.url + "/workers", timeout=limit_seconds, trust_env=False)
+            if (time.monotonic() - started) * 1000 < quick_ms:
+                return
+        time.sleep(0.05)
+
+
 # --- the data ------------------------------------------------------------------------
 
 
@@ -547,6 +567,7 @@ def run_row(
         sampler,
         ctx.logs / "wrk.log",
     )
+    settle(server)
     print(
         f"  {server.name.split()[0]:<9} {row.label:<38} c={clients:<4} run {run}: "
         f"{result.rps:8,.0f} req/s  p50 {result.p50_ms:7.1f} ms  p99 {result.p99_ms:7.1f} ms  "
