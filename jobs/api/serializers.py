@@ -8,7 +8,6 @@ schema, priority range, sizes) live in ``jobs.enqueue`` and come back as
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 from rest_framework import serializers
@@ -404,9 +403,14 @@ class OutcomeSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=list(STATES))
 
 
-@cache
+_SHARED: dict[type[serializers.Serializer], serializers.Serializer] = {}
+
+
 def _shared(serializer_class: type[serializers.Serializer]) -> serializers.Serializer:
-    return serializer_class()
+    shared = _SHARED.get(serializer_class)
+    if shared is None:  # two threads may both make one: either serves
+        shared = _SHARED.setdefault(serializer_class, serializer_class())
+    return shared
 
 
 def represent(serializer_class: type[serializers.Serializer], instance: Any) -> dict[str, Any]:

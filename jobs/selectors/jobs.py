@@ -210,7 +210,9 @@ _EVENTS_PAGE = (
 _converters: dict[tuple[str, str], list[tuple[Col, list[Any]]]] = {}
 
 
-def _typed(model: type[Model], fields: Sequence[Any], values: Sequence[Any], using: str) -> list[Any]:
+def _typed(
+    model: type[Model], fields: Sequence[Any], values: Sequence[Any], using: str
+) -> list[Any]:
     """Column values typed as the ORM would type them (SQLite hands back text, say)."""
     connection = connections[using]
     key = (connection.vendor, model._meta.label)
