@@ -51,9 +51,10 @@ import json, os
 from django.conf import settings
 from billing.models import Invoice
 from jobs.models import Job
+from jobs.selectors import job_events_after
 
 def seen(job):
-    return list(job.events.order_by("seq").values_list("event", flat=True))
+    return [event.event for event in job_events_after(job.pk)]
 
 jobs = [Job.objects.get(pk=pk) for pk in os.environ["JOB_IDS"].split()]
 print(json.dumps({
