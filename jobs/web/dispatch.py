@@ -11,9 +11,10 @@ So each request goes one of two ways, decided by the view its path resolves to:
   without the middleware stack (``AsyncViewHandler``) and wait on the event
   loop, holding no thread and no connection; their blocking steps run on the
   web threads (``jobs.web.threads.WebThreads.run``);
-* **every other view** goes through a WSGI bridge (a2wsgi's responder) onto
-  the process's fixed web threads: one hop per request, at most
-  ``WEB_THREADS`` at once, a 503 with ``Retry-After`` when none frees up in time.
+* **every other view** runs through Django's WSGI handler on the process's
+  fixed web threads (``jobs.web.responder``): one hop there and one back per
+  request, at most ``WEB_THREADS`` at once, first come first served, a 503
+  with ``Retry-After`` when none takes the request in time.
 
 Before either, the body is read here in full, up to
 ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (413 past it). A body sent with
@@ -28,7 +29,6 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from a2wsgi.wsgi import WSGIResponder
 from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
@@ -37,6 +37,7 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.urls import Resolver404, get_resolver
 
 from jobs.web.overload import send_busy
+from jobs.web.responder import respond, wsgi_environ
 from jobs.web.threads import Busy, WebThreads, serving, web_threads
 
 Scope = dict[str, Any]
@@ -114,18 +115,20 @@ class HttpDispatcher:
             await send_too_large(send, limit or 0)
             return
         scope = with_content_length(scope, len(body))
-        receive = replay(body, receive)
         if self.is_async_view(scope):
             serving.set(self.threads)
             async with ThreadSensitiveContext(executor=self._middleware_thread):
-                await self.asgi(scope, receive, with_headers(send, SECURITY_HEADERS))
+                await self.asgi(scope, replay(body, receive), with_headers(send, SECURITY_HEADERS))
             return
+        environ = wsgi_environ(scope, body)
+        loop = asyncio.get_running_loop()
         try:
-            async with self.threads.slot():
-                responder = WSGIResponder(self.wsgi, self.threads.executor, 10)
-                await responder(scope, receive, send)  # type: ignore[arg-type]
+            response = await self.threads.call(respond, self.wsgi, environ, loop, send)
         except Busy:
             await send_busy(send)
+            return
+        if response is not None:
+            await response.send(send)
 
     @staticmethod
     def is_async_view(scope: Scope) -> bool:

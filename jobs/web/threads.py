@@ -31,9 +31,8 @@ import asyncio
 import contextvars
 import functools
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -83,34 +82,29 @@ class WebThreads:
             else _env_number("WEB_MAX_WAITING", DEFAULT_MAX_WAITING)
         )
         self.executor = ThreadPoolExecutor(self.size, thread_name_prefix="web")
-        self._slots: asyncio.Semaphore | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.waiting = 0
+        self.in_flight = 0  # calls running or queued for a thread
 
-    def _semaphore(self) -> asyncio.Semaphore:
-        # One per event loop: a server has one, but tests run each async call in a new loop.
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._loop is not loop:
-            self._slots, self._loop = asyncio.Semaphore(self.size), loop
-        return self._slots
+    async def call[T](self, function: Callable[..., T], *args: Any) -> T:
+        """Run ``function(*args)`` on one of the threads, first come first served.
 
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one of the threads for the body of the ``async with``; ``Busy`` if none frees up."""
-        slots = self._semaphore()
-        if slots.locked() and self.waiting >= self.max_waiting:
+        The call goes straight into the executor's queue, so a thread that
+        finishes one request starts the next at once instead of waiting for
+        the event loop to hand it over. A call that no thread has started
+        within the queue timeout is taken back out of the queue and raises
+        ``Busy``; so does one that finds ``max_waiting`` calls already queued.
+        """
+        if self.in_flight >= self.size + self.max_waiting:
             raise Busy
-        self.waiting += 1
+        self.in_flight += 1
         try:
-            await asyncio.wait_for(slots.acquire(), self.queue_timeout)
-        except TimeoutError:
-            raise Busy from None
+            submitted = self.executor.submit(contextvars.copy_context().run, function, *args)
+            result = asyncio.wrap_future(submitted)
+            done, _ = await asyncio.wait({result}, timeout=self.queue_timeout)
+            if not done and submitted.cancel():
+                raise Busy
+            return await result
         finally:
-            self.waiting -= 1
-        try:
-            yield
-        finally:
-            slots.release()
+            self.in_flight -= 1
 
     async def run[T](self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``function`` on one of the threads and hand its connections back afterwards.
@@ -118,11 +112,7 @@ class WebThreads:
         For the blocking steps of async views: the connection it used returns
         to the pool at once, so nothing is held while the view awaits.
         """
-        call = functools.partial(_returning_connections, function, *args, **kwargs)
-        context = contextvars.copy_context()
-        async with self.slot():
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.executor, context.run, call)
+        return await self.call(functools.partial(_returning_connections, function, *args, **kwargs))
 
 
 def _returning_connections[T](function: Callable[..., T], *args: Any, **kwargs: Any) -> T:

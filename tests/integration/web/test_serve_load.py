@@ -212,6 +212,10 @@ def test_static_files_have_hashed_names_and_far_future_caching(serve):
     assert "immutable" in response.headers["cache-control"]
     assert int(re.search(r"max-age=(\d+)", response.headers["cache-control"])[1]) >= 86400 * 300
     assert response.headers.get("content-encoding") == "gzip"
+    plain = httpx.get(served.url + css, headers={"Accept-Encoding": "identity"}, trust_env=False)
+    assert plain.status_code == 200 and "content-encoding" not in plain.headers
+    assert int(plain.headers["content-length"]) == len(plain.content) > 1000
+    assert response.content == plain.content and b"}" in plain.content
 
 
 @pytest.mark.timeout(120)
