@@ -83,6 +83,8 @@ class WebThreads:
         )
         self.executor = ThreadPoolExecutor(self.size, thread_name_prefix="web")
         self.in_flight = 0  # calls running or queued for a thread
+        self._paced: asyncio.Semaphore | None = None
+        self._paced_loop: asyncio.AbstractEventLoop | None = None
 
     async def call[T](self, function: Callable[..., T], *args: Any) -> T:
         """Run ``function(*args)`` on one of the threads, first come first served.
@@ -111,8 +113,25 @@ class WebThreads:
 
         For the blocking steps of async views: the connection it used returns
         to the pool at once, so nothing is held while the view awaits.
+
+        These steps are paced: at most one per thread is handed over at a
+        time, the next only once the event loop has taken the last one's
+        result. A thousand long-polls answered at once come back as a thousand
+        claim attempts; queued all together they kept the thread busy and the
+        loop, which has to send the answers and read the next requests, short
+        of turns (measured: their p99 about 140 ms later). Sync requests still
+        go straight into the queue (``call``).
         """
-        return await self.call(functools.partial(_returning_connections, function, *args, **kwargs))
+        step = functools.partial(_returning_connections, function, *args, **kwargs)
+        async with self._pacing():
+            return await self.call(step)
+
+    def _pacing(self) -> asyncio.Semaphore:
+        # One per event loop: a server has one, but tests run each async call in a new loop.
+        loop = asyncio.get_running_loop()
+        if self._paced is None or self._paced_loop is not loop:
+            self._paced, self._paced_loop = asyncio.Semaphore(self.size), loop
+        return self._paced
 
 
 def _returning_connections[T](function: Callable[..., T], *args: Any, **kwargs: Any) -> T:

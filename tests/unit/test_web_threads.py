@@ -159,3 +159,38 @@ def test_past_the_waiting_limit_a_call_is_refused_at_once():
         return await asyncio.gather(*calls)
 
     assert asyncio.run(scenario()) == [True, True, True]
+
+
+def test_async_view_steps_are_handed_over_one_per_thread_at_a_time():
+    threads = WebThreads(1, queue_timeout=5, max_waiting=100)
+    release = threading.Event()
+    order: list[int] = []
+
+    async def scenario() -> tuple[int, list[Any]]:
+        request = asyncio.ensure_future(threads.call(release.wait, 5))  # holds the thread
+        steps = [asyncio.ensure_future(threads.run(order.append, n)) for n in range(5)]
+        await asyncio.sleep(0.05)
+        queued = threads.in_flight  # the request, and one step: the other four wait on the loop
+        release.set()
+        await request
+        return queued, await asyncio.gather(*steps)
+
+    queued, results = asyncio.run(scenario())
+    assert queued == 2
+    assert results == [None] * 5 and order == list(range(5))
+
+
+def test_only_the_long_polling_claim_is_served_as_an_async_view():
+    from jobs.web.dispatch import MAX_REMEMBERED_PATH, HttpDispatcher, _resolves_to_async_view
+
+    worker = "0339fc4f-5d09-429a-920b-99ab44f8aabf"
+    is_async = HttpDispatcher.is_async_view
+    for _ in range(2):  # the second time from what was remembered
+        assert is_async({"path": f"/workers/{worker}/claim"})
+        assert not is_async({"path": f"/jobs/{worker}/events"})
+        assert not is_async({"path": "/no/such/page"})
+        assert is_async({"path": f"/cp/workers/{worker}/claim", "root_path": "/cp"})
+    assert _resolves_to_async_view.cache_info().hits >= 4
+    remembered = _resolves_to_async_view.cache_info().currsize
+    assert not is_async({"path": "/x" * MAX_REMEMBERED_PATH})
+    assert _resolves_to_async_view.cache_info().currsize == remembered
