@@ -83,6 +83,7 @@ class WebThreads:
         )
         self.executor = ThreadPoolExecutor(self.size, thread_name_prefix="web")
         self.in_flight = 0  # calls running or queued for a thread
+        self.paced_waiting = 0  # async views' steps waiting for their turn (``run``)
         self._paced: asyncio.Semaphore | None = None
         self._paced_loop: asyncio.AbstractEventLoop | None = None
 
@@ -120,11 +121,26 @@ class WebThreads:
         claim attempts; queued all together they kept the thread busy and the
         loop, which has to send the answers and read the next requests, short
         of turns (measured: their p99 about 140 ms later). Sync requests still
-        go straight into the queue (``call``).
+        go straight into the queue (``call``). A step waits for its turn at
+        most the queue timeout, then once more at most that long in the
+        queue, and past ``max_waiting`` waiting steps it is refused at once:
+        ``Busy`` either way.
         """
         step = functools.partial(_returning_connections, function, *args, **kwargs)
-        async with self._pacing():
+        paced = self._pacing()
+        if paced.locked() and self.paced_waiting >= self.max_waiting:
+            raise Busy
+        self.paced_waiting += 1
+        try:
+            await asyncio.wait_for(paced.acquire(), self.queue_timeout)
+        except TimeoutError:
+            raise Busy from None
+        finally:
+            self.paced_waiting -= 1
+        try:
             return await self.call(step)
+        finally:
+            paced.release()
 
     def _pacing(self) -> asyncio.Semaphore:
         # One per event loop: a server has one, but tests run each async call in a new loop.

@@ -194,3 +194,25 @@ def test_only_the_long_polling_claim_is_served_as_an_async_view():
     remembered = _resolves_to_async_view.cache_info().currsize
     assert not is_async({"path": "/x" * MAX_REMEMBERED_PATH})
     assert _resolves_to_async_view.cache_info().currsize == remembered
+
+
+def test_a_step_that_never_gets_its_turn_is_busy_and_never_runs():
+    threads = WebThreads(1, queue_timeout=0.05, max_waiting=1)
+    release = threading.Event()
+    ran: list[str] = []
+
+    async def scenario() -> list[Any]:
+        first = asyncio.ensure_future(threads.run(release.wait, 5))  # has the turn, runs
+        await asyncio.sleep(0.01)
+        late = asyncio.ensure_future(threads.run(ran.append, "late"))  # waits for the turn
+        await asyncio.sleep(0.01)
+        with pytest.raises(Busy):  # one already waits: max_waiting
+            await threads.run(ran.append, "refused")
+        results = await asyncio.gather(late, return_exceptions=True)
+        release.set()
+        return [await first, *results]
+
+    first, late = asyncio.run(scenario())
+    assert first is True and isinstance(late, Busy)
+    threads.executor.submit(lambda: None).result(5)
+    assert ran == [] and threads.paced_waiting == 0 and threads.in_flight == 0
