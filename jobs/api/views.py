@@ -97,7 +97,7 @@ class JobListView(ApiView):
         )
         return Response(
             {
-                "results": JobSerializer(page.results, many=True).data,
+                "results": [represent(JobSerializer, job) for job in page.results],
                 "next": next_url,
                 "count": count.value if count else None,
                 "count_capped": count.capped if count else False,

@@ -47,3 +47,19 @@ def test_a_remote_worker_s_heartbeat_and_empty_claim_cost_two_queries(api_for):
     response, sql = queries(lambda: remote.post(f"/workers/{worker}/claim", {"limit": 1}))
     assert response.status_code == 200 and response.json()["jobs"] == [], response.content
     assert len(sql) <= 2, sql
+
+
+def test_a_listed_job_reads_exactly_as_the_job_itself(api_for):
+    """The list represents its jobs through the shared serializer: same fields, same values."""
+    viewer = api_for("viewer")
+    made = [
+        enqueue("ping"),
+        enqueue("ping", priority=3, unique_key="once", max_attempts=2),
+        enqueue("ping", idempotency_key="<b>x</b>"),
+    ]
+    listed = viewer.get("/jobs", limit=10).json()["results"]
+    assert [item["id"] for item in listed] == [str(job.pk) for job in reversed(made)]
+    for item in listed:
+        detail = viewer.get(f"/jobs/{item['id']}").json()
+        assert set(detail) - set(item) == {"children"}  # the detail's own extra
+        assert item == {key: detail[key] for key in item}
