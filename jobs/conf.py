@@ -107,6 +107,9 @@ DEFAULTS: dict[str, Any] = {
     # app's ``operations`` module is imported as well.
     # (``jobs.tasks_operation``: the operation of the django.tasks backend, without it.)
     "OPERATION_MODULES": ["jobs.diagnostics", "jobs.tasks_operation"],
+    # False: ``jobs.diagnostics`` (ping, sleep, fail, retry_later, fanout) is not
+    # imported at start-up, even when OPERATION_MODULES lists it.
+    "DIAGNOSTIC_OPERATIONS": True,
 }
 
 _BOOL_TRUE = {"1", "true", "yes", "on"}

@@ -466,11 +466,23 @@ def operation(
     return decorate
 
 
+DIAGNOSTICS_MODULE = "jobs.diagnostics"
+
+
 def discover_operations(modules: list[str]) -> None:
-    """Import every module that registers operations (settings, then each app's ``operations``)."""
+    """Import every module that registers operations (settings, then each app's ``operations``).
+
+    The diagnostic operations (``jobs.diagnostics``: ``ping``, ``sleep``…) are left out,
+    even when listed, while the knob ``DIAGNOSTIC_OPERATIONS`` is false.
+    """
     from django.apps import apps
 
+    from jobs.conf import knob
+
+    diagnostics = bool(knob("DIAGNOSTIC_OPERATIONS"))
     for module in modules:
+        if module == DIAGNOSTICS_MODULE and not diagnostics:
+            continue
         importlib.import_module(module)
     for app in apps.get_app_configs():
         candidate = f"{app.name}.operations"
