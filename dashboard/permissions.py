@@ -14,8 +14,8 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
 VIEW_PERM = "controlplane.view_job"
 ACT_PERM = "controlplane.change_job"
@@ -50,6 +50,11 @@ def role_of(user: Any) -> str | None:
 View = Callable[..., HttpResponse]
 
 
+def forbidden(request: HttpRequest, message: str) -> HttpResponse:
+    """The dashboard's own 403 page (a project's ``403.html`` stays the project's)."""
+    return TemplateResponse(request, "dashboard/403.html", {"exception": message}, status=403)
+
+
 def viewer_required(view: View) -> View:
     """Anonymous users go to the login page; users without a dashboard role get 403."""
 
@@ -58,7 +63,7 @@ def viewer_required(view: View) -> View:
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
         if not can_view(request.user):
-            raise PermissionDenied("Your account may not see the dashboard.")
+            return forbidden(request, "Your account may not see the dashboard.")
         return view(request, *args, **kwargs)
 
     return wrapped
@@ -74,7 +79,7 @@ def operator_required(view: View) -> View:
         if request.method != "POST":
             return HttpResponse("Use POST.", status=405, headers={"Allow": "POST"})
         if not can_act(request.user):
-            raise PermissionDenied("Your account may look but not act: ask for operator rights.")
+            return forbidden(request, "Your account may look but not act: ask for operator rights.")
         return view(request, *args, **kwargs)
 
     return wrapped

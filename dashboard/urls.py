@@ -1,5 +1,12 @@
-"""Dashboard routes. The mount point sends people to the overview; everything else needs a login."""
+"""Dashboard routes. The mount point sends people to the overview; everything else needs a login.
 
+The sign-in page is the dashboard's own (``accounts/login/`` under the mount
+point, ``configure`` makes it ``LOGIN_URL``): any active account signs in
+there, not only staff as on the admin's, and what it may see is then decided
+by its permissions (``dashboard.permissions``).
+"""
+
+from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
@@ -9,6 +16,18 @@ app_name = "dashboard"
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="dashboard:overview"), name="root"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(
+            template_name="dashboard/login.html", next_page="dashboard:overview"
+        ),
+        name="login",
+    ),
+    path(
+        "accounts/logout/",
+        auth_views.LogoutView.as_view(next_page="dashboard:login"),
+        name="logout",
+    ),
     path("dashboard", RedirectView.as_view(pattern_name="dashboard:overview")),
     path("dashboard/", pages.overview, name="overview"),
     path("dashboard/workers/", pages.workers, name="workers"),

@@ -1,18 +1,25 @@
 """Jobs: the models, the state machine, operations and enqueue.
 
-``CONTROLPLANE_APPS`` is what a host project adds to ``INSTALLED_APPS`` (README,
-"Adding it to your Django project"); this module imports nothing else, so a
-settings file may import it.
+A host project adds the control plane through ``django_controlplane``
+(``APPS``, ``configure``); ``CONTROLPLANE_APPS`` is the name that list had
+before, kept for settings files written against it.
 """
 
-CONTROLPLANE_APPS = [
-    # Before "channels": our runworker replaces Channels' command of that name.
-    "workers",
-    "jobs",
-    "dashboard",
-    "rest_framework",
-    "rest_framework.authtoken",
-    "channels",
-    "drf_spectacular",
-    "drf_spectacular_sidecar",
-]
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CONTROLPLANE_APPS":
+        warnings.warn(
+            "jobs.CONTROLPLANE_APPS is now django_controlplane.APPS; end settings.py with "
+            "django_controlplane.configure(globals()) to add them and the rest.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from django_controlplane import APPS
+
+        return APPS
+    raise AttributeError(f"module 'jobs' has no attribute {name!r}")

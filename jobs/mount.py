@@ -7,9 +7,20 @@ mounts ``include("jobs.urls")`` at ``ops/`` gets ``/ops/ws/…`` everywhere.
 
 from __future__ import annotations
 
-from django.urls import reverse
+from django.core.exceptions import ImproperlyConfigured
+from django.urls import NoReverseMatch, reverse
+
+
+class NotMounted(ImproperlyConfigured):
+    """The project's URLconf does not include the control plane's URLs."""
 
 
 def mount_prefix() -> str:
     """The path the control plane is mounted at, with its slashes (``/`` or ``/ops/``)."""
-    return reverse("dashboard:root")
+    try:
+        return reverse("dashboard:root")
+    except NoReverseMatch:
+        raise NotMounted(
+            "The control plane's URLs are not in the project's URLconf: add "
+            'path("ops/", include("jobs.urls")) (any prefix) to ROOT_URLCONF\'s urlpatterns.'
+        ) from None

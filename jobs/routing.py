@@ -5,11 +5,12 @@ Consumers live with the app whose data they push (``dashboard.routing``,
 ``include("jobs.urls")``, behind the origin check (``jobs.remote.origin``) and
 Django's session and user (Channels' ``AuthMiddlewareStack``)::
 
-    # asgi.py of a host project that mounts the control plane at "ops/"
     application = ProtocolTypeRouter({
-        "http": django_asgi_app,
-        "websocket": controlplane_websockets("ops/"),
+        "http": ...,
+        "websocket": controlplane_websockets(),  # at the prefix of include("jobs.urls")
     })
+
+``django_controlplane.asgi`` builds a project's whole application this way.
 """
 
 from __future__ import annotations
@@ -27,13 +28,18 @@ from jobs.remote_routing import websocket_urlpatterns as remote_worker_routes
 websocket_urlpatterns = [*dashboard_routes, *remote_worker_routes]
 
 
-def controlplane_websockets(prefix: str = "", extra: list[Any] | None = None) -> Any:
+def controlplane_websockets(prefix: str | None = None, extra: list[Any] | None = None) -> Any:
     """The ASGI app for ``websocket`` connections: ours under ``prefix``, then ``extra``.
 
     ``prefix`` is the mount point of ``include("jobs.urls")`` without its leading
-    slash (``"ops/"``, or ``""`` at the root); ``extra`` takes a project's own
-    WebSocket routes, which then share the same origin check and session.
+    slash (``"ops/"``, or ``""`` at the root); by default it is read from the
+    project's URLconf, so the two cannot disagree. ``extra`` takes a project's
+    own WebSocket routes, which then share the same origin check and session.
     """
+    if prefix is None:
+        from jobs.mount import mount_prefix
+
+        prefix = mount_prefix().lstrip("/")
     ours: list[Any] = (
         [path(prefix, URLRouter(websocket_urlpatterns))] if prefix else list(websocket_urlpatterns)
     )

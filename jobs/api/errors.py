@@ -122,8 +122,16 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def is_api_path(path: str) -> bool:
-    """True for paths the REST API owns (``/jobs…``, ``/queues…``, ``/workers…``, ``/schema…``…)."""
-    first = path.lstrip("/").split("/", 1)[0]
+    """True for paths the REST API owns (``/jobs…``, ``/queues…``… under the mount point)."""
+    from jobs.mount import NotMounted, mount_prefix
+
+    try:
+        prefix = mount_prefix()
+    except NotMounted:
+        return False
+    if not path.startswith(prefix):
+        return False
+    first = path[len(prefix) :].split("/", 1)[0]
     return first in API_PREFIXES
 
 

@@ -7,13 +7,15 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+import dj_database_url
 import pytest
 from asgiref.sync import iscoroutinefunction
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from controlplane import settings as project_settings
+from django_controlplane import configure
 from jobs import replica
 from jobs.replica import REPLICA, STICKY_COOKIE, ReplicaRouter, StickyPrimaryMiddleware
 
@@ -29,8 +31,8 @@ def test_without_a_replica_everything_reads_the_primary() -> None:
     assert replica.choose_alias(RequestFactory().get("/jobs")) == "default"
     assert replica.on_replica(lambda: "called") == "called"
     assert replica.read_alias() == "default"
-    assert not getattr(project_settings, "DATABASE_ROUTERS", [])
-    assert "jobs.replica.StickyPrimaryMiddleware" not in project_settings.MIDDLEWARE
+    assert not getattr(settings, "DATABASE_ROUTERS", [])
+    assert "jobs.replica.StickyPrimaryMiddleware" not in settings.MIDDLEWARE
 
 
 def test_a_write_pins_the_client_to_the_primary_for_a_while(settings) -> None:
@@ -87,15 +89,19 @@ def test_the_router_reads_the_replica_only_inside_a_scope_and_until_a_write() ->
 
 
 def test_the_replica_alias_copies_the_primary_and_is_never_a_test_database() -> None:
-    url = "postgres://reader@replica.internal:5433/controlplane"
-    if project_settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-        with pytest.raises(ImproperlyConfigured, match="PostgreSQL DATABASE_URL"):
-            project_settings._replica_config(url)
-        return
-    config = project_settings._replica_config(url)
+    replica_config = dict(dj_database_url.parse("postgres://reader@replica.internal:5433/cp"))
+    sqlite = {"DATABASES": {"default": {"ENGINE": "django.db.backends.sqlite3"}}}
+    with pytest.raises(ImproperlyConfigured, match="needs a PostgreSQL 'default'"):
+        configure({**sqlite, "DATABASES": {**sqlite["DATABASES"], "replica": replica_config}})
+    primary = dict(dj_database_url.parse("postgres://writer@primary.internal/cp"))
+    settings = {"DATABASES": {"default": primary, "replica": replica_config}, "MIDDLEWARE": []}
+    configure(settings)
+    config = settings["DATABASES"]["replica"]
     assert (config["HOST"], config["PORT"], config["USER"]) == ("replica.internal", 5433, "reader")
     assert config["TEST"] == {"MIRROR": "default"}
     assert config["OPTIONS"]["connect_timeout"] == 2
+    assert settings["DATABASE_ROUTERS"] == ["jobs.replica.ReplicaRouter"]
+    assert settings["MIDDLEWARE"][-1] == "jobs.replica.StickyPrimaryMiddleware"
 
 
 def test_while_one_thread_measures_the_others_keep_the_last_measure() -> None:

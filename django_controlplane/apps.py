@@ -1,0 +1,56 @@
+"""App configs of the host integration: its system checks, and two start-up cuts."""
+
+from __future__ import annotations
+
+import gc
+
+from django.apps import AppConfig
+
+
+class ControlPlaneHostConfig(AppConfig):
+    """The host integration itself: registers the system checks of ``manage.py check``."""
+
+    name = "django_controlplane"
+    label = "django_controlplane"
+    verbose_name = "Control plane (host integration)"
+
+    def ready(self) -> None:
+        from django_controlplane import checks
+
+        checks.register()
+
+
+class DevServerConfig(AppConfig):
+    """Daphne's ``runserver`` (ASGI, WebSockets included) without importing Daphne at start-up.
+
+    ``daphne.apps`` imports ``daphne.server`` and so Twisted and Autobahn
+    (about 0.3 s of CPU) in every process that loads the settings: workers,
+    the reaper, ``migrate``. This config names the same ``daphne`` package, so
+    its ``runserver`` command still replaces Django's (listed before
+    ``django.contrib.staticfiles``), but nothing of Daphne loads until that
+    command does: its module imports ``daphne.server`` itself, first thing.
+    """
+
+    name = "daphne"
+    label = "daphne"
+    verbose_name = "Daphne (development server)"
+
+
+class StartedConfig(AppConfig):
+    """Last in ``INSTALLED_APPS``: set-up is over, so what it made leaves the collector's way.
+
+    Setting Django up makes a few hundred thousand objects that live as long
+    as the process (modules, classes, functions). ``gc.freeze`` moves them out
+    of every later collection, and out of the pages that forked
+    ``runworker --processes`` children would otherwise copy when the collector
+    touches them. A process that switched the collector off for its set-up
+    gets it back here.
+    """
+
+    name = "django_controlplane.started"
+    label = "controlplane_started"
+    verbose_name = "Control plane (set-up done)"
+
+    def ready(self) -> None:
+        gc.freeze()
+        gc.enable()

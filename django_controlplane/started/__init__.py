@@ -1,0 +1,1 @@
+"""The app listed last by ``configure``: see ``django_controlplane.apps.StartedConfig``."""
