@@ -43,6 +43,7 @@ from jobs.api.serializers import (
     JobSerializer,
     ReasonSerializer,
     represent,
+    represent_many,
     validated,
 )
 from jobs.enqueue import enqueue
@@ -88,7 +89,8 @@ class JobListView(ApiView):
         cursor = params.get("cursor") or None
         wanted = _flag(params.get("count"), "count", default=cursor is None)
         page = selectors.job_list(filters, cursor, limit)
-        # A count costs up to COUNT_CAP rows: worth it once per listing, not per page.
+        # A count costs up to COUNT_CAP rows: worth it once per listing, not per page,
+        # and a dear one is reused for COUNT_CACHE_SECONDS (pollers of a big list).
         count = selectors.job_count(filters) if wanted else None
         next_url = (
             replace_query_param(request.build_absolute_uri(), "cursor", page.next_cursor)
@@ -97,7 +99,7 @@ class JobListView(ApiView):
         )
         return Response(
             {
-                "results": [represent(JobSerializer, job) for job in page.results],
+                "results": represent_many(JobSerializer, page.results),
                 "next": next_url,
                 "count": count.value if count else None,
                 "count_capped": count.capped if count else False,

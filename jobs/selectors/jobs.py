@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,9 +15,10 @@ from django.db.models import Count, Model, Q, QuerySet
 from django.db.models.expressions import Col
 
 from jobs import timeline
+from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.models import Job, JobEvent
-from jobs.selectors.counts import CountResult, estimated_count
+from jobs.selectors.counts import CountResult, estimated_count, recent_counts
 from jobs.selectors.filters import STATES, InvalidFilter, JobFilters, parse_timestamp, parse_uuid
 
 DEFAULT_PAGE_SIZE = 50
@@ -118,9 +119,27 @@ def job_ids_batches(
         cursor = JobCursor(rows[-1][0], rows[-1][1])
 
 
-def job_count(filters: JobFilters | None = None, cap: int | None = None) -> CountResult:
-    """How many jobs match ``filters``, counted up to ``cap`` (see ``estimated_count``)."""
-    return estimated_count(job_queryset(filters), cap)
+def job_count(
+    filters: JobFilters | None = None, cap: int | None = None, *, fresh: bool = False
+) -> CountResult:
+    """How many jobs match ``filters``, counted up to ``cap`` (see ``estimated_count``).
+
+    A count of ``COUNT_CACHE_MIN_ROWS`` (1,000) jobs or more, or one that ran
+    out of time, is reused for ``COUNT_CACHE_SECONDS`` (2 s) by this process
+    for the same filters, cap and database (``counts.RecentCounts``): pollers
+    of a big list would otherwise count the same 10,001 rows on every request.
+    ``fresh=True`` always counts.
+    """
+    queryset = job_queryset(filters)
+    cap = int(knob("COUNT_CAP") if cap is None else cap)
+    if fresh:
+        return estimated_count(queryset, cap)
+    try:
+        key: Hashable = (queryset.db, type(filters), filters, cap)
+        hash(key)
+    except TypeError:  # filters holding a dict (a payload filter): nothing to key by
+        return estimated_count(queryset, cap)
+    return recent_counts.get(key, lambda: estimated_count(queryset, cap))
 
 
 # --- one job -------------------------------------------------------------------

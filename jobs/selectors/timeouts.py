@@ -22,6 +22,13 @@ from django.db import connections, transaction
 from jobs.conf import knob
 
 READ_LOCK_TIMEOUT_MS = 500
+_SET_LIMITS = (
+    "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'), "
+    "set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)"
+)
+_RESTORE_LIMITS = (
+    "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)"
+)
 
 
 @contextmanager
@@ -42,18 +49,14 @@ def bounded_reads(using: str = "default") -> Iterator[None]:
     nested = conn.in_atomic_block
     with transaction.atomic(using=using):
         with conn.cursor() as cursor:
-            if nested:  # SET LOCAL would outlive our savepoint: remember the old values
-                cursor.execute(
-                    "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
-                )
-                previous = dict(zip(limits, cursor.fetchone(), strict=True))
-            for name, value in limits.items():
-                cursor.execute("SELECT set_config(%s, %s, true)", [name, value])
+            # One round trip (the old values first: SET LOCAL would outlive our
+            # savepoint when nested, so they are put back afterwards).
+            cursor.execute(_SET_LIMITS, [limits["statement_timeout"], limits["lock_timeout"]])
+            previous = cursor.fetchone()[:2]
         yield
         if nested:
             with conn.cursor() as cursor:
-                for name, value in previous.items():
-                    cursor.execute("SELECT set_config(%s, %s, true)", [name, value])
+                cursor.execute(_RESTORE_LIMITS, list(previous))
 
 
 def is_timeout(error: BaseException) -> bool:
