@@ -10,6 +10,7 @@ from django.apps import AppConfig
 class ControlPlaneHostConfig(AppConfig):
     """The host integration itself: registers the system checks of ``manage.py check``."""
 
+    default = True
     name = "django_controlplane"
     label = "django_controlplane"
     verbose_name = "Control plane (host integration)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -137,20 +138,31 @@ def make_venv(path: Path, wheel: Path) -> Venv:
 # --- README.md -------------------------------------------------------------------------
 
 
-def readme_python_blocks() -> list[str]:
-    """The ```python blocks of README.md's "Adding it to your Django project" section."""
+def readme_section() -> str:
+    """README.md's "Adding it to your Django project" section, heading to next heading."""
     text = README.read_text()
     start = text.index(README_SECTION)
     end = text.find("\n## ", start + len(README_SECTION))
-    section = text[start : end if end != -1 else None]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    return text[start : end if end != -1 else None]
 
 
-def readme_block(marker: str) -> str:
+def readme_blocks(language: str) -> list[str]:
+    """The fenced blocks of that section in ``language`` (``python``, ``sh``)."""
+    return re.findall(rf"```{language}\n(.*?)```", readme_section(), flags=re.DOTALL)
+
+
+def readme_block(marker: str, language: str = "python") -> str:
     """The one README block of that section that contains ``marker``."""
-    found = [block for block in readme_python_blocks() if marker in block]
+    found = [block for block in readme_blocks(language) if marker in block]
     assert len(found) == 1, f"README.md ({README_SECTION!r}): one block with {marker!r}: {found}"
     return found[0]
+
+
+def readme_commands() -> list[list[str]]:
+    """The ``python manage.py …`` lines of the section's run block, as argument lists."""
+    block = readme_block("manage.py migrate", "sh")
+    lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    return [shlex.split(line)[2:] for line in lines if line.startswith("python manage.py ")]
 
 
 def replace_once(text: str, old: str, new: str, where: str) -> str:
@@ -169,7 +181,7 @@ class HostProject:
     venv: Venv
 
     def env(self, **extra: str) -> dict[str, str]:
-        return self.venv.env(DJANGO_SETTINGS_MODULE="mysite.settings", **extra)
+        return self.venv.env(**{"DJANGO_SETTINGS_MODULE": "mysite.settings", **extra})
 
     def manage(self, *args: str, timeout: float = 60, **env: str) -> str:
         return run(
@@ -198,71 +210,78 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
-    """The host project's ASGI application under uvicorn, its output in a log file."""
+class Background:
+    """A long-running command of the host project (server, worker, reaper), its output in a file."""
 
-    def __init__(self, project: HostProject, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+    def __init__(self, project: HostProject, args: list[str], log: Path, **env: str) -> None:
+        self.args = args
         self.log_path = log
         self._log = open(log, "wb")
         self.popen = subprocess.Popen(
-            [
-                project.venv.python,
-                "-m",
-                "uvicorn",
-                "mysite.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-            ],
+            [project.venv.python, *args],
             cwd=project.root,
-            env=project.env(),
+            env=project.env(**env),
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_for_output(self, text: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.popen.poll() is not None:
+                raise AssertionError(
+                    f"{self.args} exited {self.popen.returncode}:\n{self.output()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.args} printed no {text!r} in {timeout} s")
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, then SIGKILL past ``timeout``; the exit code."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        self._log.close()
+        return self.popen.returncode
+
+
+class Server(Background):
+    """A web server of the host project on a free port: ``manage.py serve`` or another."""
+
+    def __init__(self, project: HostProject, args: list[str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(project, [a.replace("{port}", str(self.port)) for a in args], log)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
         """Until the server answers HTTP at all (bounded); fails early if it exited."""
         deadline = time.monotonic() + timeout
         while True:
             if self.popen.poll() is not None:
-                raise AssertionError(f"uvicorn exited {self.popen.returncode}:\n{self.output()}")
+                raise AssertionError(
+                    f"{self.args} exited {self.popen.returncode}:\n{self.output()}"
+                )
             try:
                 httpx.get(f"{self.url}/ops/", timeout=2)
                 return
             except httpx.TransportError:
                 if time.monotonic() > deadline:
                     raise AssertionError(
-                        f"uvicorn did not answer in {timeout} s:\n{self.output()}"
+                        f"{self.args} did not answer in {timeout} s:\n{self.output()}"
                     ) from None
                 time.sleep(0.1)
 
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=10)
-        self._log.close()
-
 
 # --- making it: startproject, README's lines, the billing app -------------------------
-
-# The lines README.md tells a host project to add; each is checked to be in the
-# README's block before it is applied, so the README cannot drift from this test.
-SETTINGS_IMPORT = "from jobs import CONTROLPLANE_APPS\n"
-SETTINGS_SPLAT = "INSTALLED_APPS = [\n    *CONTROLPLANE_APPS,\n"
-URLS_IMPORT = "from django.urls import include, path\n"
-URLS_MOUNT = '    path("ops/", include("jobs.urls")),\n'
-ASGI_MOUNT = 'controlplane_websockets("ops/")'
 
 BILLING_MODELS = """\
 from django.db import models
@@ -282,7 +301,7 @@ from billing.models import Invoice
 
 @operation(
     "billing.mark_paid",
-    queue="billing",
+    queue="default",
     payload_schema={
         "type": "object",
         "required": ["invoice"],
@@ -308,26 +327,14 @@ HOST_REST_FRAMEWORK = {
 
 def apply_readme(project: HostProject) -> None:
     """Edit ``mysite`` exactly as README.md's "Adding it to your Django project" says."""
-    settings_block = readme_block("CONTROLPLANE_APPS")
-    for line in (SETTINGS_IMPORT, SETTINGS_SPLAT):
-        assert line in settings_block, f"README's settings block lost {line!r}:\n{settings_block}"
-    project.edit(
-        "mysite/settings.py",
-        "from pathlib import Path\n",
-        f"from pathlib import Path\n\n{SETTINGS_IMPORT}",
-    )
-    project.edit("mysite/settings.py", "INSTALLED_APPS = [\n", SETTINGS_SPLAT)
-
-    urls_block = readme_block('include("jobs.urls")')
-    for line in (URLS_IMPORT, URLS_MOUNT):
-        assert line in urls_block, f"README's urls block lost {line!r}:\n{urls_block}"
-    project.edit("mysite/urls.py", "from django.urls import path\n", URLS_IMPORT)
-    admin = "    path('admin/', admin.site.urls),\n"
-    project.edit("mysite/urls.py", admin, admin + URLS_MOUNT)
-
-    asgi_block = readme_block("ProtocolTypeRouter")
-    assert ASGI_MOUNT in asgi_block, f"README's asgi.py mounts another prefix:\n{asgi_block}"
-    project.write("mysite/asgi.py", asgi_block)
+    assert "pip install /path/to/checkout" in readme_block("pip install", "sh")
+    settings_block = readme_block("configure(globals())")
+    settings = project.root / "mysite" / "settings.py"
+    settings.write_text(f"{settings.read_text()}\n{settings_block}")
+    project.write("mysite/urls.py", readme_block('include("jobs.urls")'))
+    asgi = readme_block("django_controlplane.asgi")
+    assert 'setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")' in asgi, asgi
+    project.write("mysite/asgi.py", asgi)
 
 
 def add_billing(project: HostProject, database: dict[str, str] | None) -> None:
@@ -346,12 +353,16 @@ def add_billing(project: HostProject, database: dict[str, str] | None) -> None:
 
 
 def start_project(root: Path, venv: Venv, database: dict[str, str] | None) -> HostProject:
-    """``startproject mysite .`` + ``startapp billing``, edited as README.md says."""
+    """``startproject mysite .`` + ``startapp billing``, edited as README.md says.
+
+    The host's own settings (its app, its DRF defaults, its database) go in
+    first; the README's lines come last, as it says.
+    """
     root.mkdir()
     django_admin = str(venv.path / "bin" / "django-admin")
     run([django_admin, "startproject", "mysite", "."], cwd=root, env=venv.env())
     project = HostProject(root, venv)
     project.manage("startapp", "billing")
-    apply_readme(project)
     add_billing(project, database)
+    apply_readme(project)
     return project

@@ -2,10 +2,13 @@
 
 A wheel is built from the checkout and its contents checked; then a fresh
 virtualenv gets it (not editable), ``startproject mysite`` + ``startapp
-billing`` make a host project edited with README.md's lines, ``billing``
-defines an operation over a model of its own, and the host migrates, enqueues,
-runs ``runworker --burst`` and serves the dashboard, the API and the WebSocket
-under ``/ops/`` with uvicorn. Both on SQLite and on PostgreSQL.
+billing`` make a host project edited with README.md's lines (read from the
+README itself), ``billing`` defines an operation over a model of its own, and
+the host runs the README's commands as a person would: ``migrate``,
+``grant_role … --create``, ``manage.py serve``, ``runworker`` and ``reaper`` as
+long-running processes. Then the REST API, ``/metrics``, a remote worker, the
+WebSocket and, in a real browser, the operator's sign-in, the styled live
+dashboard under ``/ops/`` and a cancel. Both on SQLite and on PostgreSQL.
 
 This builds and installs once per run, so it runs in one pass of
 ``./scripts/dev test`` only: the SQLite pass (where ``DATABASE_URL`` is not
@@ -19,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -27,11 +32,14 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from tests.integration.installed.host_browser import check_browser
 from tests.integration.installed.host_project import (
     HOST_REST_FRAMEWORK,
     ROOT,
+    Background,
     HostProject,
     Server,
+    readme_commands,
     run,
     wheel_metadata,
     wheel_names,
@@ -42,7 +50,9 @@ pytestmark = pytest.mark.skipif(
     reason="packaging runs once per ./scripts/dev test, in the SQLite pass (both databases)",
 )
 
-PACKAGES = ("controlplane", "dashboard", "jobs", "workers")
+PACKAGES = ("django_controlplane", "dashboard", "jobs", "workers")
+# What the README's run block does, in its order (each line is run as written).
+README_COMMANDS = ["migrate", "grant_role", "serve", "runworker", "reaper"]
 PASSWORD = "a-long-test-password-9"
 
 # Run by the host's ``manage.py shell``: what the worker left behind, as JSON.
@@ -90,6 +100,8 @@ def test_wheel_holds_the_code_migrations_templates_and_static_files(wheel: Path)
     assert len(others) == 1 and others.pop().endswith(".dist-info"), sorted(top_level)
     assert not [n for n in names if n.startswith("tests/") or "/tests/" in n]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    # The repository's own deployment is a host project, not part of what a host installs.
+    assert not [n for n in names if n.startswith(("controlplane/", "templates/"))]
 
     metadata = wheel_metadata(wheel)
     assert "Name: django-controlplane" in metadata
@@ -97,10 +109,8 @@ def test_wheel_holds_the_code_migrations_templates_and_static_files(wheel: Path)
 
 
 # Its first run also makes the virtualenv: on a cold pip cache that alone can take minutes.
-@pytest.mark.timeout(420)
-def test_host_project_runs_the_installed_control_plane(
-    host_project: HostProject, tmp_path: Path
-) -> None:
+@pytest.mark.timeout(600)
+def test_host_project_runs_the_readme_recipe(host_project: HostProject, tmp_path: Path) -> None:
     project = host_project
     site_packages = project.venv.site_packages
 
@@ -120,37 +130,18 @@ def test_host_project_runs_the_installed_control_plane(
     assert Path(where[1]).is_relative_to(project.root), where
     assert not Path(where[0]).is_relative_to(ROOT)
 
+    commands = readme_commands()
+    assert [c[0] for c in commands] == README_COMMANDS, commands
+    migrate, grant_role, serve, runworker, reaper = commands
+    operator = grant_role[1]
+    password = grant_role[grant_role.index("--password") + 1]
+
+    assert "no issues" in project.manage("check")
     project.manage("makemigrations", "billing")
-    project.manage("migrate", "--noinput")
-    made = project.shell_json(
-        "import json\n"
-        "from billing.models import Invoice\n"
-        "ids = [Invoice.objects.create(number=n, total='12.50').pk for n in ('F-1', 'F-2')]\n"
-        "print(json.dumps(ids))"
-    )
-    job_ids = [
-        project.manage(
-            "enqueue", "billing.mark_paid", "--payload", json.dumps({"invoice": pk})
-        ).strip()
-        for pk in made
-    ]
-    project.manage("runworker", "--queue", "billing", "--burst", timeout=60)
-
-    state = project.shell_json(READ_STATE, JOB_IDS=" ".join(job_ids))
-    assert state["paid"] == [True, True]
-    for (queue, status, result, events), number in zip(state["jobs"], ("F-1", "F-2"), strict=True):
-        assert (queue, status, result) == (
-            "billing",
-            "succeeded",
-            {"number": number, "total": "12.50"},
-        )
-        assert {"job.enqueued", "job.started", "billing.paid", "job.succeeded"} <= set(events)
-    assert state["rest_framework"] == HOST_REST_FRAMEWORK  # ours never touches the host's
-
-    # The static files travel in the wheel and the host's finders see them.
-    found = project.manage("findstatic", "dashboard/app.css", "--verbosity", "0").strip()
-    assert Path(found).is_relative_to(site_packages), found
-
+    project.manage(*migrate, "--noinput")
+    project.manage(*grant_role)
+    token = re.search(r"Generated token (\w+)", project.manage("drf_create_token", operator))
+    assert token, "drf_create_token printed no token"
     project.manage(
         "createsuperuser",
         "--noinput",
@@ -160,20 +151,146 @@ def test_host_project_runs_the_installed_control_plane(
         "owner@example.com",
         DJANGO_SUPERUSER_PASSWORD=PASSWORD,
     )
-    token = re.search(r"Generated token (\w+)", project.manage("drf_create_token", "owner"))
-    assert token, "drf_create_token printed no token"
+    owner = re.search(r"Generated token (\w+)", project.manage("drf_create_token", "owner"))
+    assert owner
 
-    server = Server(project, tmp_path / "uvicorn.log")
+    # The static files travel in the wheel and the host's finders see them.
+    found = project.manage("findstatic", "dashboard/app.css", "--verbosity", "0").strip()
+    assert Path(found).is_relative_to(site_packages), found
+
+    serve = ["{port}" if arg == "8000" else arg for arg in serve]
+    assert "{port}" in serve, serve
+    server = Server(project, ["manage.py", *serve], tmp_path / "serve.log")
+    worker = Background(project, ["manage.py", *runworker], tmp_path / "runworker.log")
+    reaping = Background(project, ["manage.py", *reaper], tmp_path / "reaper.log")
+    processes = {"serve": server, "runworker": worker, "reaper": reaping}
     try:
         server.wait_ready()
+        # Each command prints its own lines without any LOGGING of the host's.
+        worker.wait_for_output("worker.started")
+        reaping.wait_for_output("reaper.started")
+
+        made = project.shell_json(
+            "import json\n"
+            "from billing.models import Invoice\n"
+            "ids = [Invoice.objects.create(number=n, total='12.50').pk for n in ('F-1', 'F-2')]\n"
+            "print(json.dumps(ids))"
+        )
+        job_ids = [
+            project.manage(
+                "enqueue", "billing.mark_paid", "--payload", json.dumps({"invoice": pk})
+            ).strip()
+            for pk in made
+        ]
+        wait_until_ended(server.url, token.group(1), job_ids)
+        state = project.shell_json(READ_STATE, JOB_IDS=" ".join(job_ids))
+        assert state["paid"] == [True, True]
+        for (queue, status, result, events), number in zip(
+            state["jobs"], ("F-1", "F-2"), strict=True
+        ):
+            assert (queue, status, result) == (
+                "default",
+                "succeeded",
+                {"number": number, "total": "12.50"},
+            )
+            assert {"job.enqueued", "job.started", "billing.paid", "job.succeeded"} <= set(events)
+        assert state["rest_framework"] == HOST_REST_FRAMEWORK  # ours never touches the host's
+
         check_api(server.url, token.group(1), job_ids)
-        session = check_dashboard(server.url, job_ids)
+        check_metrics(server.url, token.group(1))
+        check_remote_worker(server.url, owner.group(1))
+        session = check_dashboard(server.url, operator, password, job_ids)
         check_websocket(server.url, session)
+        check_browser(server.url, operator, password, token.group(1))
     except BaseException:
-        print(server.output())
+        for name, process in processes.items():
+            print(f"--- {name}\n{process.output()}")
         raise
     finally:
-        server.stop()
+        codes = {name: process.stop() for name, process in processes.items()}
+    assert codes["runworker"] == 0, worker.output()
+    assert "worker.stopped" in worker.output()
+    assert "Traceback" not in server.output(), server.output()
+    assert "Traceback" not in reaping.output(), reaping.output()
+
+
+def test_host_project_problems_are_named_with_their_fix(host_project: HostProject) -> None:
+    """A package hiding ours, and settings or URLs without the recipe: ``check`` names the fix."""
+    project = host_project
+    shadow = project.root / "dashboard"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("")
+    try:
+        with pytest.raises(AssertionError) as failed:
+            project.manage("check")
+    finally:
+        shutil.rmtree(shadow)
+    message = str(failed.value)
+    assert "The control plane's package 'dashboard' is hidden" in message, message
+    assert str(shadow) in message and "Rename it" in message, message
+
+    bare = (project.root / "mysite" / "settings.py").read_text()
+    bare = bare.replace("django_controlplane.configure(globals())", "")
+    bare = bare.replace("INSTALLED_APPS = [", "INSTALLED_APPS = [*django_controlplane.APPS,")
+    bare = bare.replace("import django_controlplane\n", "")
+    project.write("mysite/bare_settings.py", f"import django_controlplane\n{bare}")
+    project.write("mysite/bare_urls.py", "urlpatterns = []\n")
+    project.edit("mysite/bare_settings.py", "'mysite.urls'", "'mysite.bare_urls'")
+    with pytest.raises(AssertionError) as failed:
+        project.manage("check", DJANGO_SETTINGS_MODULE="mysite.bare_settings")
+    message = str(failed.value)
+    assert "controlplane.E001" in message and "configure(globals())" in message, message
+    assert "controlplane.E004" in message, message  # no static-files middleware
+    assert "controlplane.E005" in message and "STATIC_ROOT" in message, message
+    assert "controlplane.E006" in message and 'include("jobs.urls")' in message, message
+
+
+def wait_until_ended(url: str, token: str, job_ids: list[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=url, timeout=10, headers={"Authorization": f"Token {token}"}) as api:
+        while True:
+            statuses = [api.get(f"/ops/jobs/{job_id}").json()["status"] for job_id in job_ids]
+            if all(s in ("succeeded", "failed", "cancelled") for s in statuses):
+                return
+            assert time.monotonic() < deadline, f"jobs still {statuses} after {timeout} s"
+            time.sleep(0.2)
+
+
+def check_metrics(url: str, token: str) -> None:
+    """``/ops/metrics``: Prometheus text for a reader, nothing for anyone else."""
+    scraped = httpx.get(f"{url}/ops/metrics", headers={"Authorization": f"Token {token}"})
+    assert scraped.status_code == 200, scraped.text
+    assert scraped.headers["content-type"].startswith("text/plain")
+    assert re.search(r'^controlplane_jobs\{.*queue="default".*\} ', scraped.text, re.M), (
+        scraped.text[:2000]
+    )
+    assert httpx.get(f"{url}/ops/metrics").status_code in (401, 403)
+
+
+def check_remote_worker(url: str, token: str) -> None:
+    """A remote worker registers, claims, completes and leaves over ``/ops/``."""
+    echo = {
+        "name": "remote.echo",
+        "queue": "remote",
+        "payload_schema": {"type": "object", "properties": {"text": {"type": "string"}}},
+    }
+    with httpx.Client(base_url=url, timeout=15, headers={"Authorization": f"Token {token}"}) as api:
+        worker = api.post("/ops/workers", json={"name": "far", "operations": [echo]})
+        assert worker.status_code == 201, worker.text
+        worker_id = worker.json()["id"]
+        enqueued = api.post(
+            "/ops/jobs", json={"operation": "remote.echo", "payload": {"text": "hi"}}
+        )
+        assert enqueued.status_code == 201, enqueued.text
+        claimed = api.post(f"/ops/workers/{worker_id}/claim", json={"wait": 5}).json()["jobs"]
+        assert [j["id"] for j in claimed] == [enqueued.json()["id"]], claimed
+        done = api.post(
+            f"/ops/jobs/{claimed[0]['id']}/complete",
+            json={"lease_token": claimed[0]["lease_token"], "result": {"echo": "hi"}},
+        )
+        assert done.status_code == 200, done.text
+        assert api.get(f"/ops/jobs/{claimed[0]['id']}").json()["status"] == "succeeded"
+        assert api.delete(f"/ops/workers/{worker_id}").status_code in (200, 204)
 
 
 def check_api(url: str, token: str, job_ids: list[str]) -> None:
@@ -207,26 +324,22 @@ def check_api(url: str, token: str, job_ids: list[str]) -> None:
     assert "message" in anonymous.json()
 
 
-def check_dashboard(url: str, job_ids: list[str]) -> str:
-    """The dashboard under /ops/, signed in through the host's own login; the session id."""
+def check_dashboard(url: str, username: str, password: str, job_ids: list[str]) -> str:
+    """The dashboard under /ops/, signed in on its own page; the session id."""
     with httpx.Client(base_url=url, timeout=10) as browser:
         root = browser.get("/ops/")
         assert (root.status_code, root.headers["location"]) == (302, "/ops/dashboard/")
         anonymous = browser.get("/ops/dashboard/")
         assert anonymous.status_code == 302
-        assert anonymous.headers["location"] == "/accounts/login/?next=/ops/dashboard/"
+        assert anonymous.headers["location"] == "/ops/accounts/login/?next=/ops/dashboard/"
 
-        form = browser.get("/admin/login/")
+        form = browser.get("/ops/accounts/login/")
+        assert form.status_code == 200, form.text
         csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
         assert csrf, form.text
         login = browser.post(
-            "/admin/login/",
-            data={
-                "username": "owner",
-                "password": PASSWORD,
-                "csrfmiddlewaretoken": csrf.group(1),
-                "next": "/ops/dashboard/",
-            },
+            "/ops/accounts/login/",
+            data={"username": username, "password": password, "csrfmiddlewaretoken": csrf[1]},
         )
         assert (login.status_code, login.headers.get("location")) == (302, "/ops/dashboard/")
 
@@ -234,7 +347,12 @@ def check_dashboard(url: str, job_ids: list[str]) -> str:
         assert overview.status_code == 200, overview.text
         assert 'href="/ops/dashboard/jobs/"' in overview.text
         assert 'data-ws="/ops/ws/dashboard/"' in overview.text
-        assert 'href="/static/dashboard/app.css"' in overview.text
+        # Served by the web process itself (startproject's DEBUG = True keeps the plain names).
+        css = re.search(r'href="(/static/dashboard/app(\.[0-9a-f]{12})?\.css)"', overview.text)
+        assert css, overview.text
+        styles = browser.get(css[1], headers={"Accept-Encoding": "gzip"})
+        assert styles.status_code == 200, styles.text
+        assert styles.headers["content-type"].startswith("text/css")
 
         jobs = browser.get("/ops/dashboard/jobs/")
         assert jobs.status_code == 200
