@@ -1,4 +1,4 @@
-"""Diagnostic operations shipped with the product (README, "Diagnostic operations").
+"""Diagnostic operations shipped with the product (docs/configuration.md, "Diagnostic operations").
 
 They let an operator smoke-test a deployment and let tests drive every path
 of the engine through the public surface.

@@ -1,4 +1,4 @@
-"""JSON log lines, one object per line, for log shippers (README, "Metrics": JSON logs).
+"""JSON log lines, one object per line, for log shippers (docs/observability.md).
 
 ``JsonFormatter`` turns any record of the ``jobs`` and ``workers`` loggers
 into ``{"ts", "level", "logger", "event", ..., "message"}``. A worker's run

@@ -2,7 +2,7 @@
 
 The core needs only ``opentelemetry-api``: without an SDK every call here is
 a no-op, and the SDK, its exporters and its sampler are the operator's choice
-(README, "Tracing (OpenTelemetry)").
+(docs/observability.md, "Tracing").
 
 - ``enqueue_span`` wraps ``enqueue_many``: one ``controlplane.enqueue`` span
   (kind PRODUCER) per call, a child of whatever span is current (a request

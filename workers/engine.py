@@ -28,7 +28,7 @@ operations that ``emit`` add one independent connection per job thread.
 Behind PgBouncer in transaction mode (``jobs.pooling``) all but the LISTEN
 connection are pooler clients, which share the pooler's few server
 connections; the LISTEN connection goes to ``DATABASE_DIRECT_URL``, or does
-not exist (``POLL_ONLY``, or no direct URL): README "Connection budget".
+not exist (``POLL_ONLY``, or no direct URL): docs/deploying.md, "Connection budget".
 """
 
 from __future__ import annotations

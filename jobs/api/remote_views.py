@@ -1,4 +1,4 @@
-"""REST handlers for remote workers (README, "Remote workers (over HTTP)").
+"""REST handlers for remote workers (docs/remote-workers.md).
 
 Thin: parse the body, call ``jobs.remote``, render. ``register_worker``,
 ``heartbeat_worker``, ``disconnect_worker`` and ``post_event`` are called by

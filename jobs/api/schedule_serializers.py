@@ -1,4 +1,4 @@
-"""JSON shapes of the schedule routes (README, "Periodic schedules").
+"""JSON shapes of the schedule routes (docs/schedules.md).
 
 The input serializers check types and refuse unknown fields; the rules
 (operation exists, payload schema, cron xor every_seconds, time zone, …) are

@@ -1,4 +1,4 @@
-"""REST routes (README, "REST API"). Every route answers with and without a trailing slash.
+"""REST routes (docs/rest-api.md). Every route answers with and without a trailing slash.
 
 Order matters: the remote workers' own routes (``/jobs/<id>/complete`` …)
 come first, and ``/jobs/cancel`` and ``/jobs/retry`` (bulk) come before

@@ -1,4 +1,4 @@
-"""Metrics for Prometheus, read from the database (``GET /metrics``, README "Metrics").
+"""Metrics for Prometheus, read from the database (``GET /metrics``, docs/observability.md).
 
 - ``jobs.metrics.rollup``: the reaper folds the events table into per-minute
   rows (``MetricRollup``) and all-time sums (``MetricTotal``) per queue and

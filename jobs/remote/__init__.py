@@ -1,4 +1,4 @@
-"""Remote workers over HTTP: the services behind the README's "Remote workers (over HTTP)".
+"""Remote workers over HTTP: the services described in docs/remote-workers.md.
 
 Workers that cannot reach the database register, heartbeat, claim and report
 through the REST API; these plain functions do the work, the views in

@@ -6,7 +6,7 @@ zone, or every ``every_seconds`` seconds of real time. Intervals are aligned
 to the Unix epoch (``every_seconds=60`` fires on whole UTC minutes), so every
 process computes the same fire times without talking to the others.
 
-The DST rule (the same in the README). A cron expression names wall-clock
+The DST rule (the same in docs/schedules.md). A cron expression names wall-clock
 times; each one fires at most once, at one instant:
 
 - A time that does not exist (02:30 on a spring-forward day, when clocks jump

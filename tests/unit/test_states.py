@@ -1,4 +1,4 @@
-"""The state machine against the documented table (README, "Job states"), pair by pair."""
+"""The state machine against the documented table (docs/architecture.md), pair by pair."""
 
 from __future__ import annotations
 

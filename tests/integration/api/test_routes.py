@@ -1,6 +1,6 @@
 """Every route of the API, every method it serves, with and without a trailing slash.
 
-Both spellings must give the same status and neither may redirect (README, "REST API").
+Both spellings must give the same status and neither may redirect (docs/rest-api.md).
 Each call gets fresh state from its own factory, so a state-changing route
 (disconnect, complete) answers the second spelling exactly as the first.
 The first test keeps the table honest: a route added to ``jobs.api.urls``

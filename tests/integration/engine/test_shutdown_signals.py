@@ -8,7 +8,7 @@ Issue 13, defects 7 and 8:
   from the first signal to the exit (a clean-up blocked on the database
   waited for ever).
 
-Chosen behaviour (README, "Stopping a worker"): a second SIGTERM/SIGINT ends
+Chosen behaviour (docs/operations-and-cli.md, "Stopping a worker"): a second SIGTERM/SIGINT ends
 the grace now, and the worker still requeues what runs and removes its row;
 the process is gone by ``min(signal + grace, second signal) +
 SHUTDOWN_CLEANUP_SECONDS`` whatever the database does.
