@@ -14,13 +14,20 @@ its filters take their choices from the Queue table and the registered
 operations instead of ``SELECT DISTINCT`` over every job, search never runs a
 leading-wildcard ``LIKE``, and the page is read under the dashboard's
 statement timeout.
+
+Django's ``AdminConfig`` imports this module at set-up in every process of a
+project that lists ``django.contrib.admin``: workers, the reaper, ``migrate``.
+So it imports only what defining and registering the ``ModelAdmin`` classes
+takes; the dashboard's actions, permissions, selectors and audit log (with
+the auth views and forms behind them) and the count helpers load in the
+methods that use them, when a page is shown.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
@@ -35,15 +42,12 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from dashboard import actions as dashboard_actions
-from dashboard import audit
-from dashboard.db import bounded_reads, cap, is_timeout, table_estimate, timeout_response
-from dashboard.permissions import can_act, can_view
-from dashboard.selectors import stale_before
 from jobs.exceptions import ControlPlaneError
 from jobs.models import Job, JobEvent, OperatorAction, Queue, RemoteOperation, Worker
 from jobs.operations import registry
-from jobs.selectors.counts import CountResult, estimated_count
+
+if TYPE_CHECKING:
+    from jobs.selectors.counts import CountResult
 
 EVENTS_SHOWN = 200
 BOTH_PLACES = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
@@ -70,12 +74,21 @@ class CappedPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         total = self.total
-        return cap() if total.value is None else total.value
+        return _cap() if total.value is None else total.value
+
+
+def _cap() -> int:
+    from dashboard.db import cap
+
+    return cap()
 
 
 def list_total(queryset: QuerySet) -> CountResult:
     """How many rows a changelist holds, as far as the cap (see ``CappedPaginator``)."""
-    limit = cap()
+    from dashboard.db import table_estimate
+    from jobs.selectors.counts import CountResult, estimated_count
+
+    limit = _cap()
     if not queryset.query.has_filters():
         estimate = table_estimate(queryset.model._meta.db_table, using=queryset.db)
         if estimate is not None and estimate.value > limit:
@@ -96,7 +109,7 @@ def count_note(total: CountResult, noun: str) -> str | None:
     """The sentence shown above a list whose count stopped at the cap (None when exact)."""
     if not total.capped:
         return None
-    limit = cap()
+    limit = _cap()
     if total.value is None:
         head = f"Too many {noun} match to count them in time"
     elif total.estimate and total.estimate > limit:
@@ -126,6 +139,8 @@ class BoundedListAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         if request.method not in ("GET", "HEAD"):
             return super().changelist_view(request, extra_context)
+        from dashboard.db import bounded_reads, is_timeout, timeout_response
+
         try:
             with bounded_reads():
                 response = super().changelist_view(request, extra_context)
@@ -148,10 +163,22 @@ class ViewerMixin:
     """Viewers (``VIEW_PERM``) and operators (``ACT_PERM``) see these pages, as on the dashboard."""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return can_view(request.user) or super().has_view_permission(request, obj)  # type: ignore[misc]
+        return _can_view(request) or super().has_view_permission(request, obj)  # type: ignore[misc]
 
     def has_module_permission(self, request: HttpRequest) -> bool:
-        return can_view(request.user) or super().has_module_permission(request)  # type: ignore[misc]
+        return _can_view(request) or super().has_module_permission(request)  # type: ignore[misc]
+
+
+def _can_view(request: HttpRequest) -> bool:
+    from dashboard.permissions import can_view
+
+    return can_view(request.user)
+
+
+def _can_act(request: HttpRequest) -> bool:
+    from dashboard.permissions import can_act
+
+    return can_act(request.user)
 
 
 class ReadOnlyMixin(ViewerMixin):
@@ -353,7 +380,7 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """Cancel and Retry: the dashboard's operators (``ACT_PERM``), whatever the admin allows."""
-        return can_act(request.user)
+        return _can_act(request)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -425,6 +452,8 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
 
     def _run(self, request: HttpRequest, queryset: QuerySet, kind: str) -> None:
         """One job goes the job page's way, several the bulk way; both are the dashboard's."""
+        from dashboard import actions as dashboard_actions
+
         done = {"cancel": "Cancelled", "retry": "Retried"}[kind]
         sample = list(queryset.order_by().values_list("pk", flat=True)[:2])
         if len(sample) == 1:
@@ -438,7 +467,7 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
                 return
             self._report(request, kind, done, changed, truncated=False)
             return
-        limit = cap()
+        limit = _cap()
         eligible = queryset.filter(status__in=dashboard_actions.ACTIONS[kind])
         ids = list(
             eligible.order_by("-created_at", "-id").values_list("pk", flat=True)[: limit + 1]
@@ -460,7 +489,7 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
             return
         text = f"{done} {changed:,} job{'s' if changed != 1 else ''}."
         if truncated:
-            text += f" At most {cap():,} change per run: run it again for the rest."
+            text += f" At most {_cap():,} change per run: run it again for the rest."
         self.message_user(request, text, messages.SUCCESS)
 
 
@@ -493,6 +522,8 @@ class WorkerAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(boolean=True, description="alive")
     def alive(self, worker: Worker) -> bool:
+        from dashboard.selectors import stale_before
+
         return worker.last_heartbeat >= stale_before()
 
 
@@ -512,15 +543,17 @@ class QueueAdmin(ViewerMixin, admin.ModelAdmin):
         return ("name", "updated_at") if obj is not None else ("updated_at",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return can_act(request.user)
+        return _can_act(request)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return can_act(request.user)
+        return _can_act(request)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # deleting a row would unpause and uncap its queue without an audit entry
 
     def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
+        from dashboard import actions as dashboard_actions
+
         changed = set(form.changed_data)
         others = sorted(changed - {"paused", "concurrency_cap"})
         if not change:
@@ -541,6 +574,8 @@ class QueueAdmin(ViewerMixin, admin.ModelAdmin):
         self._set_paused(request, queryset, paused=False)
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet, *, paused: bool) -> None:
+        from dashboard import actions as dashboard_actions
+
         names = list(queryset.values_list("name", flat=True))
         for name in names:
             dashboard_actions.set_paused(name, paused, user=request.user)
@@ -555,7 +590,9 @@ class ActionFilter(admin.SimpleListFilter):
     parameter_name = "action"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return list(audit.LABELS.items())
+        from dashboard.audit import LABELS
+
+        return list(LABELS.items())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         return queryset.filter(action=self.value()) if self.value() else queryset

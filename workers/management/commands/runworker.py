@@ -1,4 +1,5 @@
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -8,7 +9,6 @@ from django.core.management.base import BaseCommand, CommandError
 from workers.config import WorkerConfig
 from workers.engine import JobWorker
 from workers.management import BACKEND_CHECKS
-from workers.supervisor import Supervisor
 
 
 class Command(BaseCommand):
@@ -31,11 +31,17 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **o) -> None:
+        # What set-up and this command's imports made lives as long as the process:
+        # out of the collector's way (its full collections would walk it all again,
+        # and in forked --processes children copy the pages it touches).
+        gc.freeze()
         if not os.environ.get("CONTROLPLANE_LOG_LEVEL"):
             # The worker's own lines (start, stop, failures, retries) show by default;
             # CONTROLPLANE_LOG_LEVEL wins (DEBUG adds a line per claim and success).
             logging.getLogger("workers").setLevel(logging.INFO)
         if o["processes"] and o["processes"] > 1:
+            from workers.supervisor import Supervisor  # only a supervisor needs it
+
             child_args = [a for q in o["queues"] for a in ("--queue", q)]
             child_args += ["--concurrency", str(o["concurrency"])]
             if o["burst"]:
