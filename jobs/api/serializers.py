@@ -9,10 +9,14 @@ schema, priority range, sizes) live in ``jobs.enqueue`` and come back as
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC as datetime_utc
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import models
+from django.db.models import Case, F, Func, TextField, Value, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 from rest_framework import ISO_8601, serializers
 from rest_framework.fields import SkipField
@@ -72,6 +76,14 @@ class JobSerializer(serializers.ModelSerializer):
         allow_null=True,
         help_text="The schedule that fired it (GET /schedules/<id>), or null.",
     )
+
+    # The model's properties among the fields, as SQL (``sql_document``).
+    sql_sources = {
+        "idempotency_key": Case(
+            When(unique_while=UniqueWhile.UNTIL_RETENTION.value, then=F("unique_key")),
+            default=None,
+        ),
+    }
 
     class Meta:
         model = Job
@@ -629,3 +641,131 @@ def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict
     one instance is safe for every thread.
     """
     return _shared(serializer_class).run_validation(data)
+
+
+# --- the same JSON, written by PostgreSQL ---------------------------------------------
+
+
+class JsonDocument(Func):
+    """``json_build_object(key, value, ...)::text``: one JSON object, keys in this order."""
+
+    function = "JSON_BUILD_OBJECT"
+    template = "%(function)s(%(expressions)s)::text"
+    output_field = TextField()
+
+
+class IsoDatetimeUtc(Func):
+    """A timestamp as DRF writes an aware datetime in UTC: ``isoformat()`` with ``Z``, the
+    microseconds only when there are any (Python's ``isoformat``); NULL stays NULL."""
+
+    template = (
+        "to_char(%(expressions)s AT TIME ZONE 'UTC', CASE WHEN date_trunc('second', "
+        '%(expressions)s) = %(expressions)s THEN \'YYYY-MM-DD"T"HH24:MI:SS"Z"\' '
+        'ELSE \'YYYY-MM-DD"T"HH24:MI:SS.US"Z"\' END)'
+    )
+    output_field = TextField()
+
+
+class PythonFloat(Func):
+    """A float8 as JSON the way Python writes a float: a whole number keeps its ``.0``
+    (PostgreSQL writes ``3``, which a client would read as an integer)."""
+
+    template = (
+        "(CASE WHEN %(expressions)s = trunc(%(expressions)s) AND abs(%(expressions)s) < 1e15 "
+        "THEN trunc(%(expressions)s)::numeric::text || '.0' ELSE %(expressions)s::text END)::json"
+    )
+    output_field = models.JSONField()
+
+
+def sql_document(serializer_class: type[serializers.Serializer]) -> Func | None:
+    """What ``represent(serializer_class, job)`` answers, as one SQL expression over the
+    model's row (PostgreSQL: ``json_build_object(...)::text``), or None when it cannot be.
+
+    For ``GET /jobs``: fifty jobs read as model instances and represented in Python
+    cost about 2 ms of the web process's CPU (psycopg's types, Django's
+    converters, the instances, the fields, ``json.dumps``); PostgreSQL writes the
+    same fifty objects in about 0.4 ms. Each field of the plan (``_plan``) maps to
+    SQL that gives what DRF's field would: text and UUIDs as strings, numbers,
+    JSON columns as they are, datetimes as ISO 8601 in UTC with ``Z``
+    (``IsoDatetimeUtc``), floats with Python's ``.0`` (``PythonFloat``), and the
+    model's properties through the serializer's ``sql_sources``. None (the page is
+    then represented in Python) when any field has no such SQL, when the active
+    time zone is not UTC, or when ``DATETIME_FORMAT`` is not ISO 8601.
+    ``tests/integration/api/test_list_documents.py`` holds the two equal.
+
+    The JSON is the same value, not always the same text: PostgreSQL puts a space
+    after ``:`` and ``,``, and writes a JSON column's numbers as stored (``2.50``
+    where Python writes ``2.5``).
+    """
+    if not settings.USE_TZ:
+        return None
+    zone = timezone.get_current_timezone()
+    if getattr(zone, "key", None) != "UTC" and zone is not datetime_utc:
+        return None
+    fmt = api_settings.DATETIME_FORMAT  # may change under a test's settings: built anew then
+    key = (serializer_class, fmt)
+    if key not in _documents:
+        _documents[key] = _document(serializer_class)
+    return _documents[key]
+
+
+_documents: dict[tuple[type[serializers.Serializer], Any], Func | None] = {}
+
+
+def _document(serializer_class: type[serializers.Serializer]) -> Func | None:
+    shared = _shared(serializer_class)
+    if serializer_class in _plans:
+        plan = _plans[serializer_class]
+    else:
+        plan = _plans.setdefault(serializer_class, _plan(shared))
+    if plan is None:
+        return None
+    model = getattr(getattr(shared, "Meta", None), "model", None)
+    if model is None:
+        return None
+    columns = {f.attname: f for f in model._meta.concrete_fields}
+    sources: dict[str, Any] = getattr(serializer_class, "sql_sources", {})
+    parts: list[Any] = []
+    for kind, name, attr, how in plan:
+        field = how if kind in (_FIELD, _DATETIME) else shared.fields[name]
+        expression = _sql_value(kind, field, columns.get(attr), sources.get(attr))
+        if expression is None:
+            return None
+        parts += [Value(name), expression]
+    return JsonDocument(*parts)
+
+
+def _sql_value(kind: str, field: serializers.Field, column: Any, source: Any) -> Any:
+    """The SQL for one field of the plan, or None when there is none."""
+    if source is not None:  # a property, as the serializer spells it in SQL
+        return source if type(field) is serializers.CharField else None
+    if column is None:
+        return None
+    ref = F(column.attname)
+    if column.is_relation:  # a foreign key's column holds the target's value
+        column = column.target_field
+    if kind == _DATETIME:
+        fmt = getattr(field, "format", api_settings.DATETIME_FORMAT)
+        if hasattr(field, "timezone") or str(fmt or "").lower() != ISO_8601:
+            return None
+        return IsoDatetimeUtc(ref) if isinstance(column, models.DateTimeField) else None
+    if kind != _ATTRIBUTE:
+        return None
+    field_type = type(field)
+    if field_type is serializers.UUIDField:
+        uuid_column = isinstance(column, models.UUIDField)
+        return (
+            Cast(ref, TextField()) if uuid_column and field.uuid_format == "hex_verbose" else None
+        )
+    if field_type is serializers.CharField:
+        return ref if isinstance(column, (models.CharField, models.TextField)) else None
+    if field_type is serializers.ChoiceField:
+        same = all(key == value for key, value in field.choice_strings_to_values.items())
+        return ref if same and isinstance(column, models.CharField) else None
+    if field_type is serializers.IntegerField:
+        return ref if isinstance(column, models.IntegerField) else None
+    if field_type is serializers.FloatField:
+        return PythonFloat(ref) if isinstance(column, models.FloatField) else None
+    if field_type is serializers.JSONField:
+        return ref if isinstance(column, models.JSONField) and not field.binary else None
+    return None
