@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections, router
 from django.db.models import Count, Model, Q, QuerySet, TextField
 from django.db.models.expressions import Col, Expression, RawSQL
@@ -98,20 +101,73 @@ def job_list(
     """
     if isinstance(cursor, str):
         cursor = JobCursor.decode(cursor) if cursor else None
+    if document is not None:
+        using = router.db_for_read(Job)  # where the queryset below would read
+        if connections[using].vendor == "postgresql":
+            statement = _page_statement(filters, cursor, limit, document, using)
+            found = []
+            if statement is not None:
+                with connections[using].cursor() as db:
+                    db.execute(*statement)
+                    found = db.fetchall()
+            more = len(found) > limit
+            found = found[:limit]
+            last = JobCursor(found[-1][0], found[-1][1]).encode() if more and found else None
+            return JobPage(results=[], next_cursor=last, documents=[row[2] for row in found])
     qs = job_queryset(filters)
     if cursor is not None:
         qs = after_cursor(qs, cursor)
-    if document is not None and connections[qs.db].vendor == "postgresql":
-        found = list(qs.values_list("created_at", "id", _compiled(document, qs.db))[: limit + 1])
-        more = len(found) > limit
-        found = found[:limit]
-        last = JobCursor(found[-1][0], found[-1][1]).encode() if more and found else None
-        return JobPage(results=[], next_cursor=last, documents=[row[2] for row in found])
     rows = list(qs[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
     next_cursor = JobCursor(rows[-1].created_at, rows[-1].id).encode() if more and rows else None
     return JobPage(results=rows, next_cursor=next_cursor)
+
+
+def _page_statement(
+    filters: JobFilters | None,
+    cursor: JobCursor | None,
+    limit: int,
+    document: Expression,
+    using: str,
+) -> tuple[str, tuple[Any, ...]] | None:
+    """The SQL of a documents page (``created_at``, ``id``, the JSON), compiled by the ORM
+    from ``job_queryset`` exactly as ``job_list`` reads instances, and kept per page.
+
+    A polled list asks for the same page (same filters, no cursor, same limit)
+    many times a second; building and compiling its queryset costs the ORM
+    0.4-0.8 ms of CPU each time for the same text and parameters. The last
+    ``PAGE_STATEMENTS`` pages' statements are kept (a filter value that is not
+    hashable, a payload filter, is compiled every time).
+    """
+    key: Hashable | None = (using, filters, cursor, limit, id(document))
+    try:
+        with _statements_lock:
+            kept = _statements.get(key)
+            if kept is not None and kept[0] is document:
+                _statements.move_to_end(key)
+                return kept[1], kept[2]
+    except TypeError:  # unhashable filters
+        key = None
+    qs = job_queryset(filters)
+    if cursor is not None:
+        qs = after_cursor(qs, cursor)
+    page = qs.values_list("created_at", "id", _compiled(document, using))[: limit + 1]
+    try:
+        sql, params = page.query.get_compiler(using).as_sql()
+    except EmptyResultSet:  # filters nothing can match: no query at all, as the ORM does
+        return None
+    if key is not None:
+        with _statements_lock:
+            _statements[key] = (document, sql, tuple(params))
+            while len(_statements) > PAGE_STATEMENTS:
+                _statements.popitem(last=False)
+    return sql, tuple(params)
+
+
+PAGE_STATEMENTS = 256
+_statements: OrderedDict[Hashable, tuple[Expression, str, tuple[Any, ...]]] = OrderedDict()
+_statements_lock = threading.Lock()
 
 
 def _compiled(document: Expression, using: str) -> RawSQL:

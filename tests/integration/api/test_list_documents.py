@@ -136,3 +136,31 @@ def test_another_time_zone_is_represented_in_python(viewer, settings):
         body = viewer.get("/jobs", limit=10).json()
         assert body["results"] == _drf_page()
     assert body["results"][0]["created_at"].endswith("+09:00")
+
+
+def test_a_polled_page_is_compiled_once_and_read_afresh(viewer, monkeypatch):
+    if connection.vendor != "postgresql":
+        pytest.skip("the documents page is PostgreSQL's")
+    from jobs.selectors import jobs as job_selectors
+
+    monkeypatch.setattr(job_selectors, "_statements", type(job_selectors._statements)())
+    compiled = []
+    real = job_selectors._compiled
+
+    def counting(document, using):
+        compiled.append(using)
+        return real(document, using)
+
+    monkeypatch.setattr(job_selectors, "_compiled", counting)
+    made = _make_jobs()
+    first = viewer.get("/jobs", limit=2, queue="q-docs").json()
+    assert [j["id"] for j in first["results"]] == [str(made[3].pk), str(made[2].pk)]
+    Job.objects.filter(pk=made[3].pk).update(status="cancelled", finished_at=timezone.now())
+    again = viewer.get("/jobs", limit=2, queue="q-docs").json()
+    assert again["results"][0]["status"] == "cancelled"  # the rows are read every time
+    assert len(compiled) == 1
+    later = viewer.client.get(first["next"], headers=viewer.headers).json()
+    assert [j["id"] for j in later["results"]] == [str(made[0].pk)]
+    assert len(compiled) == 2  # another page, another statement
+    nothing = viewer.get("/jobs", limit=2, queue="no-such-queue").json()
+    assert nothing["results"] == [] and nothing["next"] is None
