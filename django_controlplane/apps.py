@@ -1,8 +1,6 @@
-"""App configs of the host integration: its system checks, and two start-up cuts."""
+"""App configs of the host integration: its system checks, and Daphne's runserver loaded lazily."""
 
 from __future__ import annotations
-
-import gc
 
 from django.apps import AppConfig
 
@@ -35,23 +33,3 @@ class DevServerConfig(AppConfig):
     name = "daphne"
     label = "daphne"
     verbose_name = "Daphne (development server)"
-
-
-class StartedConfig(AppConfig):
-    """Last in ``INSTALLED_APPS``: set-up is over, so what it made leaves the collector's way.
-
-    Setting Django up makes a few hundred thousand objects that live as long
-    as the process (modules, classes, functions). ``gc.freeze`` moves them out
-    of every later collection, and out of the pages that forked
-    ``runworker --processes`` children would otherwise copy when the collector
-    touches them. A process that switched the collector off for its set-up
-    gets it back here.
-    """
-
-    name = "django_controlplane.started"
-    label = "controlplane_started"
-    verbose_name = "Control plane (set-up done)"
-
-    def ready(self) -> None:
-        gc.freeze()
-        gc.enable()

@@ -15,7 +15,6 @@ from django_controlplane.host_settings import (
     APPS,
     CONFIGURED,
     OVERLOAD_MIDDLEWARE,
-    STARTED_APP,
     STATIC_MIDDLEWARE,
 )
 
@@ -79,14 +78,6 @@ def check_apps(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
                     id="controlplane.E003",
                 )
             )
-    if installed and installed[-1] != STARTED_APP:
-        errors.append(
-            checks.Warning(
-                f"{STARTED_APP} is not last in INSTALLED_APPS.",
-                hint="Call django_controlplane.configure(globals()) after INSTALLED_APPS is set.",
-                id="controlplane.W001",
-            )
-        )
     return errors
 
 

@@ -30,8 +30,6 @@ APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
 ]
-# Last in INSTALLED_APPS: set-up is over (``django_controlplane.apps.StartedConfig``).
-STARTED_APP = "django_controlplane.apps.StartedConfig"
 
 STATIC_MIDDLEWARE = "jobs.web.static.StaticFilesMiddleware"
 OVERLOAD_MIDDLEWARE = "jobs.web.overload.DatabaseUnavailableMiddleware"
@@ -76,8 +74,7 @@ def _apps(settings: MutableMapping[str, Any]) -> None:
     if "daphne" in present:  # the project's own Daphne config: its runserver already wins
         present.add(APPS[0])
     missing = [app for app in APPS if app not in present]
-    installed = [app for app in installed if app != STARTED_APP]
-    settings["INSTALLED_APPS"] = [*missing, *installed, STARTED_APP]
+    settings["INSTALLED_APPS"] = [*missing, *installed]
 
 
 def _middleware(settings: MutableMapping[str, Any]) -> None:

@@ -30,10 +30,10 @@ def _location(name: str) -> Path | None:
     return Path(spec.origin).resolve() if spec.origin else None
 
 
-def shadowing_packages() -> list[tuple[str, Path]]:
+def shadowing_packages() -> list[tuple[str, Path | None]]:
     """Each of our package names that resolves somewhere else than beside this package."""
     home = Path(__file__).resolve().parent.parent
-    found = []
+    found: list[tuple[str, Path | None]] = []
     for name in PACKAGES:
         location = _location(name)
         if location is None or location.parent != home:

@@ -52,9 +52,9 @@ WEB_STACK = (
 )
 # Loaded on demand only: payload validation (jsonschema with referencing, attrs
 # and rpds; fastjsonschema), which a worker needs when an operation enqueues;
-# the admin's pages (controlplane.apps.AdminConfig), which it never needs.
+# the pages and actions behind Django's admin (jobs.admin loads them where it shows a page).
 ON_DEMAND = ("jsonschema", "referencing", "fastjsonschema", "jobs.schema_validator", "re2")
-ON_DEMAND += ("jobs.admin", "dashboard.actions", "dashboard.audit", "django.contrib.auth.admin")
+ON_DEMAND += ("dashboard.actions", "dashboard.audit", "dashboard.permissions", "dashboard.db")
 # django.tasks: loaded when a worker runs a django.task job (jobs.tasks_operation).
 ON_DEMAND += ("django.tasks", "jobs.tasks_backend")
 # OpenTelemetry: loaded once something in the process traces (jobs.tracing.api_in_use).

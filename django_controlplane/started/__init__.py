@@ -1,1 +1,0 @@
-"""The app listed last by ``configure``: see ``django_controlplane.apps.StartedConfig``."""
