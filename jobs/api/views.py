@@ -10,9 +10,11 @@ to ``jobs.api.remote_views``. Queues are in ``queue_views``, workers in
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from typing import Any, TypedDict
 
-from django.http import HttpResponse
+from django.db import DatabaseError, connections
+from django.http import HttpResponse, HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
@@ -21,17 +23,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 
-from jobs import selectors
+from jobs import replica, selectors
 from jobs.api import actions, remote_views
 from jobs.api.base import (
     FILTER_PARAMETERS,
     JOB_ID,
     ApiView,
-    bounded,
     error_responses,
     remote_body,
 )
 from jobs.api.defaults import extend_schema
+from jobs.api.errors import error_response
 from jobs.api.permissions import ADD, CHANGE, REMOTE, VIEW
 from jobs.api.serializers import (
     BulkActionSerializer,
@@ -50,7 +52,14 @@ from jobs.api.serializers import (
     validated,
 )
 from jobs.enqueue import enqueue
+from jobs.selectors.timeouts import bounded_reads, is_timeout
 from jobs.transitions import cancel_job, retry_job
+
+# As ``jobs.api.base.bounded`` answers a read past the statement timeout.
+TIMEOUT_MESSAGE = (
+    "The query took longer than the server allows; narrow the filters "
+    "(status, queue, parent, created_after/created_before are index-backed) and try again."
+)
 
 # --- jobs ---------------------------------------------------------------------------
 
@@ -80,8 +89,25 @@ class JobListView(ApiView):
         ],
         responses={200: JobPageSerializer, **error_responses(400, 401, 403, 503)},
     )
-    @bounded
-    def get(self, request: Request) -> Response:
+    def get(self, request: Request) -> HttpResponseBase:
+        # ``bounded`` (base.py) for this view, without its read transaction: outside
+        # one, the page travels with its read limits in one round trip
+        # (``bounded_fetchall``) and a count that runs opens its own.
+        def read() -> HttpResponseBase:
+            alias = replica.read_alias()
+            connection = connections[alias]
+            one_trip = connection.vendor == "postgresql" and not connection.in_atomic_block
+            try:
+                with nullcontext() if one_trip else bounded_reads(alias):
+                    return self._list(request, bounded=one_trip)
+            except DatabaseError as error:
+                if not is_timeout(error):
+                    raise
+                return error_response(TIMEOUT_MESSAGE, 503)
+
+        return replica.on_replica(read, request)
+
+    def _list(self, request: Request, *, bounded: bool) -> HttpResponseBase:
         params = request.query_params
         filters = selectors.job_filters_from_query(params)
         limit = selectors.parse_limit(
@@ -93,10 +119,11 @@ class JobListView(ApiView):
         wanted = _flag(params.get("count"), "count", default=cursor is None)
         # On PostgreSQL the database writes each job's JSON (sql_document): the same
         # objects JobSerializer gives, without 50 model instances represented in Python.
-        page = selectors.job_list(filters, cursor, limit, document=sql_document(JobSerializer))
+        document = sql_document(JobSerializer)
+        page = selectors.job_list(filters, cursor, limit, document=document, bounded=bounded)
         # A count costs up to COUNT_CAP rows: worth it once per listing, not per page,
         # and a dear one is reused for COUNT_CACHE_SECONDS (pollers of a big list).
-        count = selectors.job_count(filters) if wanted else None
+        count = selectors.job_count(filters, bounded=bounded) if wanted else None
         next_url = (
             replace_query_param(request.build_absolute_uri(), "cursor", page.next_cursor)
             if page.next_cursor

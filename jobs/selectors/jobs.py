@@ -8,6 +8,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,6 +24,7 @@ from jobs.dialect import dialect
 from jobs.models import Job, JobEvent
 from jobs.selectors.counts import CountResult, estimated_count, recent_counts
 from jobs.selectors.filters import STATES, InvalidFilter, JobFilters, parse_timestamp, parse_uuid
+from jobs.selectors.timeouts import bounded_fetchall, bounded_reads
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -91,13 +93,15 @@ def job_list(
     limit: int = DEFAULT_PAGE_SIZE,
     *,
     document: Expression | None = None,
+    bounded: bool = False,
 ) -> JobPage:
     """One page of jobs, newest first, and the cursor of the next page (or None).
 
     ``document``: an expression over a job's row that gives its JSON as text
     (``jobs.api.serializers.sql_document``). On PostgreSQL the page then comes
     back as those texts (``JobPage.documents``) and no model instance is made;
-    elsewhere it is ignored.
+    elsewhere it is ignored. ``bounded``: read under the limits of
+    ``bounded_reads`` (in one round trip, ``bounded_fetchall``, when it can).
     """
     if isinstance(cursor, str):
         cursor = JobCursor.decode(cursor) if cursor else None
@@ -105,8 +109,10 @@ def job_list(
         using = router.db_for_read(Job)  # where the queryset below would read
         if connections[using].vendor == "postgresql":
             statement = _page_statement(filters, cursor, limit, document, using)
-            found = []
-            if statement is not None:
+            found: list[tuple[Any, ...]] = []
+            if statement is not None and bounded:
+                found = bounded_fetchall(using, *statement)
+            elif statement is not None:
                 with connections[using].cursor() as db:
                     db.execute(*statement)
                     found = db.fetchall()
@@ -117,7 +123,8 @@ def job_list(
     qs = job_queryset(filters)
     if cursor is not None:
         qs = after_cursor(qs, cursor)
-    rows = list(qs[: limit + 1])
+    with bounded_reads(qs.db) if bounded else nullcontext():
+        rows = list(qs[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
     next_cursor = JobCursor(rows[-1].created_at, rows[-1].id).encode() if more and rows else None
@@ -214,7 +221,11 @@ def job_ids_batches(
 
 
 def job_count(
-    filters: JobFilters | None = None, cap: int | None = None, *, fresh: bool = False
+    filters: JobFilters | None = None,
+    cap: int | None = None,
+    *,
+    fresh: bool = False,
+    bounded: bool = False,
 ) -> CountResult:
     """How many jobs match ``filters``, counted up to ``cap`` (see ``estimated_count``).
 
@@ -222,18 +233,24 @@ def job_count(
     out of time, is reused for ``COUNT_CACHE_SECONDS`` (2 s) by this process
     for the same filters, cap and database (``counts.RecentCounts``): pollers
     of a big list would otherwise count the same 10,001 rows on every request.
-    ``fresh=True`` always counts.
+    ``fresh=True`` always counts. ``bounded``: a count that runs, runs under the
+    limits of ``bounded_reads`` (a count read from the cache costs no round trip).
     """
     queryset = job_queryset(filters)
     cap = int(knob("COUNT_CAP") if cap is None else cap)
+
+    def count() -> CountResult:
+        with bounded_reads(queryset.db) if bounded else nullcontext():
+            return estimated_count(queryset, cap)
+
     if fresh:
-        return estimated_count(queryset, cap)
+        return count()
     try:
         key: Hashable = (queryset.db, type(filters), filters, cap)
         hash(key)
     except TypeError:  # filters holding a dict (a payload filter): nothing to key by
-        return estimated_count(queryset, cap)
-    return recent_counts.get(key, lambda: estimated_count(queryset, cap))
+        return count()
+    return recent_counts.get(key, count)
 
 
 # --- one job -------------------------------------------------------------------

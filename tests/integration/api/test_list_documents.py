@@ -164,3 +164,43 @@ def test_a_polled_page_is_compiled_once_and_read_afresh(viewer, monkeypatch):
     assert len(compiled) == 2  # another page, another statement
     nothing = viewer.get("/jobs", limit=2, queue="no-such-queue").json()
     assert nothing["results"] == [] and nothing["next"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_page_and_its_limits_are_one_round_trip(api_for, settings):
+    """The read limits travel with the page (one query string); a page past them is a 503
+    and the limits end with it."""
+    if connection.vendor != "postgresql":
+        pytest.skip("read limits are PostgreSQL's")
+    from django.test.utils import CaptureQueriesContext
+
+    viewer = api_for("viewer")
+    _make_jobs()
+    viewer.get("/jobs", limit=2)  # the count, kept from here (cheap counts are not: 4 rows)
+    with CaptureQueriesContext(connection) as queries:
+        body = viewer.get("/jobs", limit=2, count="false").json()
+    assert len(body["results"]) == 2
+    reads = [q["sql"] for q in queries if "controlplane_job" in q["sql"]]
+    assert len(reads) == 1 and reads[0].startswith("SELECT set_config('statement_timeout'")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        before = cursor.fetchone()[0]
+
+    from jobs.selectors import jobs as job_selectors
+
+    real = job_selectors._page_statement
+    settings.CONTROLPLANE = {"DASHBOARD_STATEMENT_TIMEOUT_MS": 100}
+    try:
+        job_selectors._page_statement = lambda *args: (
+            "SELECT now(), gen_random_uuid(), '{}'::text FROM pg_sleep(2)",
+            (),
+        )
+        response = viewer.get("/jobs", limit=2, count="false")
+    finally:
+        job_selectors._page_statement = real
+    assert response.status_code == 503
+    assert "narrow the filters" in response.json()["message"]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone()[0] == before
+    assert len(viewer.get("/jobs", limit=2).json()["results"]) == 2
