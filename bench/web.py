@@ -13,9 +13,11 @@ database (default ``bench_web``) and drives it with ``wrk`` (Debian package):
   PostgreSQL connections of the web processes (``pg_stat_activity``,
   ``application_name LIKE 'controlplane-web-%'``, sampled every 50 ms) against
   the bound, processes x (pool + the LISTEN one);
-- the events endpoint at 32 clients from the plain WSGI reference
+- every row at 32 clients from ``serve`` and from the plain WSGI reference
   (``gunicorn -w 4 --threads 4 controlplane.wsgi``; uvicorn's WSGI interface
-  when gunicorn is missing) and from a single ``daphne`` process (the old way);
+  when gunicorn is missing), both running, row by row in turn and the order
+  swapped every run, with ours / the reference per row; and the events row
+  from a single ``daphne`` process (the old way);
 - 1,000 remote workers long-polling ``POST /workers/<id>/claim``
   ``{"limit": 1, "wait": 5}`` at once against one ``serve --processes 1``, for
   an operation that has no jobs: latency (target p99 <= wait + 1 s), statuses,
@@ -226,7 +228,7 @@ def serve(processes: int, threads: int | None, env: dict[str, str], logs: Path) 
 
 def wsgi_reference(env: dict[str, str], logs: Path) -> Server:
     port = free_port()
-    if importlib.util.find_spec("gunicorn"):
+    if importlib.util.find_spec("gunicorn"):  # names in WSGI_NAMES
         argv = [sys.executable, "-m", "gunicorn", "-w", "4", "--threads", "4"]
         argv += ["-b", f"127.0.0.1:{port}", "controlplane.wsgi"]
         name, processes = "gunicorn -w 4 --threads 4 controlplane.wsgi", 4
@@ -235,6 +237,9 @@ def wsgi_reference(env: dict[str, str], logs: Path) -> Server:
         argv += ["--port", str(port), "--no-access-log", "controlplane.wsgi:application"]
         name, processes = "uvicorn --interface wsgi --workers 2 controlplane.wsgi", 2
     return start_server(name, argv, env, logs, port, processes)
+
+
+WSGI_NAMES = ("gunicorn", "uvicorn")  # the first word of the WSGI reference's name
 
 
 def daphne(env: dict[str, str], logs: Path) -> Server:
@@ -777,6 +782,14 @@ def target_rows(
                 e.rps >= 1000 and e.p99_ms <= 100,
             )
         )
+    if j := at("list", 32):
+        out.append(
+            (
+                "`GET /jobs?limit=50` at 32 clients: ≥ 1,000 req/s",
+                f"{j.rps:,.0f} req/s",
+                j.rps >= 1000,
+            )
+        )
     if p := at("enqueue", 32):
         out.append(("`POST /jobs` at 32 clients: ≥ 500 req/s", f"{p.rps:,.0f} req/s", p.rps >= 500))
     if a := at("anonymous", 32):
@@ -886,13 +899,74 @@ def measure_main(
         stop(server.popen)
 
 
-def measure_references(ctx: Context, env: dict[str, str], events: Row) -> None:
-    for make in (wsgi_reference, daphne):
-        server = make(env, ctx.logs)
-        try:
-            measure_rows(ctx, server, [events], [32])
-        finally:
-            stop(server.popen)
+COMPARED = "serve-vs-wsgi"  # the name of the serve that runs beside the WSGI reference
+
+
+def measure_references(ctx: Context, env: dict[str, str], row_list: list[Row]) -> None:
+    """Every row at 32 clients from ``serve`` and the WSGI reference, interleaved; then daphne.
+
+    Both servers run at once (the idle one costs nothing); each run measures a
+    row on one and then on the other, the order swapped every run, so the two
+    see the same minutes of a shared machine and the ratio means something.
+    """
+    ours = serve(ctx.args.processes, ctx.args.threads, env, ctx.logs)
+    ours.name = f"{COMPARED} {ours.name}"
+    reference = wsgi_reference(env, ctx.logs)
+    try:
+        for server in (ours, reference):
+            for row in row_list:  # warm-up
+                wrk(
+                    server.url + row.path,
+                    ctx.scripts[row.key],
+                    8,
+                    2,
+                    ctx.args.timeout,
+                    Sampler(ctx.dsn, ctx.args.database),
+                    ctx.logs / "wrk.log",
+                )
+        for run in range(1, ctx.args.runs + 1):
+            for row in row_list:
+                pair = (ours, reference) if run % 2 else (reference, ours)
+                for server in pair:
+                    result = run_row(ctx, server, row, 32, run)
+                    ctx.results.setdefault((server.name, row.key, 32), []).append(result)
+    finally:
+        stop(ours.popen)
+        stop(reference.popen)
+    server = daphne(env, ctx.logs)
+    try:
+        measure_rows(ctx, server, [row_list[0]], [32])
+    finally:
+        stop(server.popen)
+
+
+def ratio_rows(ctx: Context, row_list: list[Row]) -> list[tuple[str, str, bool]]:
+    """Ours / the WSGI reference per row (the interleaved runs of ``measure_references``)."""
+    ours = next((s for (s, _, _) in ctx.results if s.startswith(COMPARED)), None)
+    reference = next((s for (s, _, _) in ctx.results if s.split()[0] in WSGI_NAMES), None)
+    out: list[tuple[str, str, bool]] = []
+    if ours is None or reference is None:
+        return out
+    for row in row_list:
+        mine, theirs = (
+            ctx.results.get((ours, row.key, 32)),
+            ctx.results.get((reference, row.key, 32)),
+        )
+        if not mine or not theirs:
+            continue
+        a, b = summarise(mine), summarise(theirs)
+        per_run = " / ".join(
+            f"{m.rps:,.0f}:{t.rps:,.0f}" for m, t in zip(mine, theirs, strict=False)
+        )
+        ratio = a.rps / b.rps if b.rps else 0.0
+        out.append(
+            (
+                f"{row.label} at 32 clients: ≥ 1.0× {reference.split()[0]} (same run, interleaved)",
+                f"{a.rps:,.0f} / {b.rps:,.0f} req/s = {ratio:.2f}× (runs {per_run})",
+                ratio >= 1.0,
+            )
+        )
+    return out
 
 
 def measure_long_polls(
@@ -930,12 +1004,14 @@ def run(args: argparse.Namespace) -> None:
     if "main" in phases:
         main, dashboard = measure_main(ctx, env, row_list, clients)
     if "reference" in phases:
-        measure_references(ctx, env, row_list[0])
+        measure_references(ctx, env, row_list)
     poll = None
     if "longpoll" in phases:
         poll = measure_long_polls(ctx, env, token, row_list[0], pool)
     print_table(ctx, row_list, bound, pool + 1)
-    print_targets(target_rows(ctx, main, bound, pool + 1, poll, dashboard))
+    print_targets(
+        target_rows(ctx, main, bound, pool + 1, poll, dashboard) + ratio_rows(ctx, row_list)
+    )
     print(f"\n{load()}", flush=True)
     if args.drop:
         dashboard_pages.drop_database(args)
