@@ -17,6 +17,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import connections, router
 from django.db.models import Count, Model, Q, QuerySet, TextField
 from django.db.models.expressions import Col, Expression, RawSQL
+from django.db.models.functions import Cast
 
 from jobs import timeline
 from jobs.conf import knob
@@ -118,7 +119,11 @@ def job_list(
                     found = db.fetchall()
             more = len(found) > limit
             found = found[:limit]
-            last = JobCursor(found[-1][0], found[-1][1]).encode() if more and found else None
+            last = None
+            if more and found:  # the sort key comes as text: only the last row's is read
+                created_at = parse_timestamp(found[-1][0])
+                assert created_at is not None
+                last = JobCursor(created_at, uuid.UUID(found[-1][1])).encode()
             return JobPage(results=[], next_cursor=last, documents=[row[2] for row in found])
     qs = job_queryset(filters)
     if cursor is not None:
@@ -159,7 +164,10 @@ def _page_statement(
     qs = job_queryset(filters)
     if cursor is not None:
         qs = after_cursor(qs, cursor)
-    page = qs.values_list("created_at", "id", _compiled(document, using))[: limit + 1]
+    text = TextField()
+    page = qs.values_list(Cast("created_at", text), Cast("id", text), _compiled(document, using))[
+        : limit + 1
+    ]
     try:
         sql, params = page.query.get_compiler(using).as_sql()
     except EmptyResultSet:  # filters nothing can match: no query at all, as the ORM does
@@ -236,17 +244,18 @@ def job_count(
     ``fresh=True`` always counts. ``bounded``: a count that runs, runs under the
     limits of ``bounded_reads`` (a count read from the cache costs no round trip).
     """
-    queryset = job_queryset(filters)
     cap = int(knob("COUNT_CAP") if cap is None else cap)
 
     def count() -> CountResult:
+        queryset = job_queryset(filters)
         with bounded_reads(queryset.db) if bounded else nullcontext():
             return estimated_count(queryset, cap)
 
     if fresh:
         return count()
     try:
-        key: Hashable = (queryset.db, type(filters), filters, cap)
+        # router.db_for_read(Job): where job_queryset's reads go (no queryset built for a hit)
+        key: Hashable = (router.db_for_read(Job), type(filters), filters, cap)
         hash(key)
     except TypeError:  # filters holding a dict (a payload filter): nothing to key by
         return count()
