@@ -274,11 +274,31 @@ def extend_leases(
         else:
             where = f"id IN {d.in_list(len(ids))} AND lease_token IN {d.in_list(len(tokens))}"
             params = [*ids, *tokens]
-        cursor.execute(
-            f"UPDATE {JOB_TABLE} SET leased_until = %s "
-            f"WHERE {where} AND (status = 'running') IS TRUE RETURNING id",
-            [d.ts(now + timedelta(seconds=lease_seconds)), *params],
-        )
+        lease_until = d.ts(now + timedelta(seconds=lease_seconds))
+        if d.postgres:
+            # Never wait for a job row: the same worker's batched success write
+            # (complete_and_claim) locks its rows in the batch's order, this in
+            # the index's, and two waits made a deadlock (issue 27). A row
+            # locked right now (being completed, or by a reaper or an operator)
+            # is skipped: its lease is extended at the next beat, and it counts
+            # as held while this statement's snapshot shows it running with our
+            # token. Rows that left us before the snapshot are reported lost.
+            held_where = f"{where} AND (status = 'running') IS TRUE"
+            cursor.execute(
+                f"WITH locked AS (SELECT id FROM {JOB_TABLE} WHERE {held_where} "
+                "FOR UPDATE SKIP LOCKED), "
+                f"extended AS (UPDATE {JOB_TABLE} SET leased_until = %s "
+                f"FROM locked WHERE {JOB_TABLE}.id = locked.id RETURNING {JOB_TABLE}.id) "
+                f"SELECT id FROM extended UNION ALL SELECT id FROM {JOB_TABLE} "
+                f"WHERE {held_where} AND id NOT IN (SELECT id FROM locked)",
+                [*params, lease_until, *params],
+            )
+        else:
+            cursor.execute(
+                f"UPDATE {JOB_TABLE} SET leased_until = %s "
+                f"WHERE {where} AND (status = 'running') IS TRUE RETURNING id",
+                [lease_until, *params],
+            )
         kept = {d.read_id(r[0]) for r in cursor.fetchall()}
     return {job_id for job_id, _ in held} - kept
 

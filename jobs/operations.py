@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from jobs.exceptions import ControlPlaneError, JobCancelled, RetryLaterError, UnknownOperation
 from jobs.schema_precheck import known_valid
-from jobs.storable import MAX_DEPTH, depth_problem, first_unstorable, too_deep
+from jobs.storable import MAX_DEPTH, checked_progress, depth_problem, first_unstorable, too_deep
 
 if TYPE_CHECKING:
     from jobs.claims import ClaimedJob
@@ -56,6 +56,13 @@ class OperationResult:
 
     ``deferred=True`` keeps the job ``running`` after the operation returns:
     a coordinator whose batches close it later.
+
+    ``progress_current``/``progress_total`` are whole numbers from 0 to
+    ``jobs.storable.PROGRESS_MAX`` (a current above the total is lowered to
+    it); anything else fails the job with ``InvalidProgress``. ``result``
+    must be JSON (plus the conversions ``jobs.storable.storable_json``
+    documents) of at most ``MAX_RESULT_BYTES``: ``ResultNotSerializable`` or
+    ``ResultTooLarge`` otherwise.
     """
 
     result: Any = None
@@ -114,6 +121,9 @@ class JobContext:
             raise
 
     def progress(self, current: int, total: int | None = None, message: str | None = None) -> int:
+        """Record progress: whole numbers from 0 to ``PROGRESS_MAX``, else ``InvalidProgress``
+        (raised here, before any write); a ``current`` above ``total`` is stored as ``total``."""
+        checked_progress(current, total)
         fields: dict[str, Any] = {"_progress_current": current}
         if total is not None:
             fields["_progress_total"] = total

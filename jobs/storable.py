@@ -15,8 +15,15 @@ refused here, where the walk is a loop and cannot fail that way.
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import json
+import uuid
 from collections.abc import Mapping
 from typing import Any
+
+from jobs.conf import knob
+from jobs.exceptions import UnstorableValue
 
 # Levels of nested objects and arrays in a payload, a result or an event's
 # fields: ``{}`` is one level, ``{"a": []}`` two. Far beyond any real payload,
@@ -142,3 +149,119 @@ def unstorable_text(value: Any) -> str | None:
     """A sentence saying why ``value`` (any JSON value) cannot be stored, or None."""
     found = first_unstorable(value, "value")
     return None if found is None else f"The {found[0]} {found[1]}."
+
+
+# --- what a run reports: results, progress, messages (docs/architecture.md,
+# "Poison operations") ---------------------------------------------------------
+
+# ``progress_current``/``progress_total`` are 32-bit integer columns on PostgreSQL.
+PROGRESS_MAX = 2**31 - 1
+
+
+class InvalidProgress(UnstorableValue):
+    """A progress value that is not a whole number from 0 to ``PROGRESS_MAX``."""
+
+
+class ResultTooLarge(UnstorableValue):
+    """A result whose JSON is longer than ``MAX_RESULT_BYTES``."""
+
+
+def progress_value(value: Any, what: str = "progress") -> int:
+    """``value`` as a progress count, or ``InvalidProgress`` saying why not.
+
+    Whole numbers from 0 to ``PROGRESS_MAX``; a float is taken only when it
+    is finite and whole (``5.0``). Booleans, strings, NaN and infinities are
+    refused.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidProgress(
+            f"The {what} is {value!r} ({type(value).__name__}); "
+            f"progress must be a whole number from 0 to {PROGRESS_MAX}."
+        )
+    if isinstance(value, float):
+        if value != value or value in (_INF, -_INF) or not value.is_integer():
+            raise InvalidProgress(
+                f"The {what} is {value!r}; progress must be a whole number from 0 to "
+                f"{PROGRESS_MAX}."
+            )
+        value = int(value)
+    if not 0 <= value <= PROGRESS_MAX:
+        raise InvalidProgress(
+            f"The {what} is {value}; progress must be a whole number from 0 to {PROGRESS_MAX}."
+        )
+    return int(value)
+
+
+def checked_progress(current: Any, total: Any) -> tuple[int | None, int | None]:
+    """A (current, total) pair as stored: each checked by ``progress_value``;
+    a ``current`` above its ``total`` is lowered to the total (clamped, not refused)."""
+    checked_current = None if current is None else progress_value(current, "progress current")
+    checked_total = None if total is None else progress_value(total, "progress total")
+    if checked_current is not None and checked_total is not None:
+        checked_current = min(checked_current, checked_total)
+    return checked_current, checked_total
+
+
+def truncated(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with a visible marker saying how much was cut."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    if len(text) <= limit + _MARKER_ROOM and text.endswith(_MARKER_END):
+        return text  # cut already (an error message becomes its event's message): once is enough
+    return f"{text[:limit]}… [truncated: {len(text) - limit} of {len(text)} characters not stored]"
+
+
+_MARKER_END = " characters not stored]"
+_MARKER_ROOM = 64  # the marker's length, whatever the numbers in it
+
+
+def cap_error_message(text: str) -> str:
+    """An error message as stored: at most ``MAX_ERROR_MESSAGE_CHARS`` plus the marker."""
+    return truncated(text, int(knob("MAX_ERROR_MESSAGE_CHARS"))) if text else text
+
+
+def cap_event_message(text: str) -> str:
+    """An event's message as stored: at most ``MAX_EVENT_MESSAGE_CHARS`` plus the marker."""
+    return truncated(text, int(knob("MAX_EVENT_MESSAGE_CHARS"))) if text else text
+
+
+def _documented(value: Any) -> Any:
+    """The JSON form of the types a result may hold beyond JSON's own (docs/operations.md):
+    ``datetime``/``date``/``time`` as ISO 8601 text, ``UUID`` and finite ``Decimal`` as text.
+    Anything else (a set, bytes, any other object) is refused, never stringified."""
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return str(value)
+    raise TypeError(f"a value of type {type(value).__name__} is not JSON")
+
+
+def storable_json(value: Any, what: str = "result", *, max_bytes: int | None = None) -> Any:
+    """``value`` as the database will store it, or ``UnstorableValue`` saying why not.
+
+    JSON types only, plus the few ``_documented`` conversions; no NaN or
+    infinity, nothing ``first_unstorable`` refuses, and (``max_bytes``) at most
+    that many bytes of UTF-8 JSON (``ResultTooLarge``).
+    """
+    if value is None or type(value) in _PLAIN:
+        return value
+    try:
+        text = json.dumps(value, default=_documented, allow_nan=False, ensure_ascii=False)
+    except RecursionError:
+        raise UnstorableValue(f"The {what} is nested too deeply to store.") from None
+    except (TypeError, ValueError) as error:
+        raise UnstorableValue(f"The {what} is not JSON: {error}.") from None
+    if max_bytes is not None and len(text) * 4 > max_bytes:
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            raise ResultTooLarge(
+                f"The {what} is {size} bytes of JSON; at most {max_bytes} are stored "
+                "(MAX_RESULT_BYTES). Store large outputs elsewhere and return a reference."
+            )
+    data = json.loads(text)
+    found = first_unstorable(data, what)
+    if found is not None:
+        raise UnstorableValue(f"The {found[0]} {found[1]}.")
+    return data

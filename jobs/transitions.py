@@ -32,6 +32,12 @@ from jobs.states import (
     check_transition,
     sources_for,
 )
+from jobs.storable import (
+    cap_error_message,
+    cap_event_message,
+    checked_progress,
+    progress_value,
+)
 from jobs.tables import EVENT_TABLE, JOB_TABLE
 from jobs.wakeups import notify_queues
 
@@ -94,8 +100,9 @@ def write_events(
     cursor: Any, d: Dialect, rows: Iterable[tuple[Any, int]], event: Event, ts: datetime
 ) -> None:
     """Insert one event per ``(db job id, seq)`` row in one round trip."""
+    message = cap_event_message(event.message or "")
     params = [
-        (job_id, seq, d.ts(ts), event.event, event.level, event.message or "", d.json(event.fields))
+        (job_id, seq, d.ts(ts), event.event, event.level, message, d.json(event.fields))
         for job_id, seq in rows
     ]
     if not params:
@@ -157,7 +164,14 @@ def _move(
                 "(job_id, seq, ts, event, level, message, fields) "
                 "SELECT id, last_event_seq, %s, %s, %s, %s, %s::jsonb FROM moved "
                 "RETURNING job_id, seq",
-                [*params, now, event.event, event.level, event.message or "", d.json(event.fields)],
+                [
+                    *params,
+                    now,
+                    event.event,
+                    event.level,
+                    cap_event_message(event.message or ""),
+                    d.json(event.fields),
+                ],
             )
             rows = cursor.fetchall()
     else:
@@ -194,12 +208,12 @@ def _move_one(job_id: uuid.UUID, *, target: Status, lease_token=None, **kwargs) 
 def _progress_assign(progress: tuple[int | None, int | None] | None) -> dict[str, Any]:
     if not progress:
         return {}
-    current, total = progress
+    current, total = checked_progress(*progress)
     out: dict[str, Any] = {}
     if current is not None:
-        out["progress_current"] = int(current)
+        out["progress_current"] = current
     if total is not None:
-        out["progress_total"] = int(total)
+        out["progress_total"] = total
     return out
 
 
@@ -244,7 +258,9 @@ BATCH_OWNED = (
 
 def _progress_sql(column: str, value: int) -> tuple[str, list[Any]]:
     """``column = value`` unless the job's batches own its progress."""
-    return f"{column} = CASE WHEN {BATCH_OWNED} THEN {column} ELSE %s END", [int(value)]
+    return f"{column} = CASE WHEN {BATCH_OWNED} THEN {column} ELSE %s END", [
+        progress_value(value, column.replace("_", " "))
+    ]
 
 
 def deferred_result(result: Any, total: int) -> Any:
@@ -286,7 +302,7 @@ def defer_job(
     sql, values = _adapt(d, stored)
     sets.append(f"result = {sql}")
     params.extend(values)
-    current, total = progress or (None, None)
+    current, total = checked_progress(*(progress or (None, None)))
     for column, value in (("progress_current", current), ("progress_total", total)):
         if value is not None:
             sql, values = _progress_sql(column, value)
@@ -337,6 +353,7 @@ def fail_job(
     moved to.
     """
     now = timezone.now()
+    error_message = cap_error_message(error_message)
     error = {"error_code": error_code, "error_message": error_message}
     details = failure_fields(error_code, error_message, traceback=traceback, frame=frame)
     with transaction.atomic(using=using):
@@ -746,6 +763,14 @@ def emit_event(
     """
     d = dialect(using)
     fields = dict(fields or {})
+    if fields.get("_progress_current") is not None or fields.get("_progress_total") is not None:
+        # Checked (InvalidProgress) and clamped (current <= total) as stored.
+        current, total = checked_progress(
+            fields.get("_progress_current"), fields.get("_progress_total")
+        )
+        for key, value in (("_progress_current", current), ("_progress_total", total)):
+            if value is not None:
+                fields[key] = value
     now = timezone.now()
     sets = ["last_event_seq = last_event_seq + 1", "last_event_at = %s"]
     params: list[Any] = [d.ts(now)]

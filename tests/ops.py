@@ -125,3 +125,50 @@ def cooperative_sleep(ctx, payload):
         emitted = "JobCancelled"
     Path(payload["marker"]).write_text(f"cancelled={ctx.cancelled} emit={emitted}")
     return {"stopped": ctx.cancelled}
+
+
+# Values a result, a progress report or an error message may not hold (issue 27 §2),
+# and the documented conversions a result may use.
+POISON_BIG = 2 * 1024 * 1024  # past MAX_RESULT_BYTES, MAX_ERROR_MESSAGE_CHARS, MAX_EVENT_...
+
+
+@operation("test.poison")
+def poison(ctx, payload):
+    """Returns, reports or raises what ``payload["kind"]`` names."""
+    import datetime
+    import decimal
+    import uuid
+
+    kind = payload["kind"]
+    if kind == "progress_nan":
+        return OperationResult(result={"ok": True}, progress_current=float("nan"))
+    if kind == "progress_huge":
+        return OperationResult(result={"ok": True}, progress_current=10**12)
+    if kind == "progress_over_total":
+        return OperationResult(result={"ok": True}, progress_current=15, progress_total=10)
+    if kind == "ctx_progress_negative":
+        ctx.progress(-5, 10)
+        return {"ok": True}
+    if kind == "system_exit":
+        raise SystemExit(3)
+    if kind == "keyboard_interrupt":
+        raise KeyboardInterrupt
+    if kind == "object":
+        return {"thing": object()}
+    if kind == "set":
+        return {"tags": {"a", "b"}}
+    if kind == "big_result":
+        return {"blob": "x" * POISON_BIG}
+    if kind == "big_error":
+        raise RuntimeError("e" * POISON_BIG)
+    if kind == "big_event":
+        ctx.emit("test.big", "m" * POISON_BIG)
+        return {"ok": True}
+    if kind == "documented":
+        return {
+            "when": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
+            "day": datetime.date(2026, 1, 2),
+            "id": uuid.UUID(int=7),
+            "amount": decimal.Decimal("12.50"),
+        }
+    raise AssertionError(f"unknown kind {kind!r}")

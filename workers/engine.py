@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Callable
 from queue import SimpleQueue
 
-from django.db import connection
+from django.db import DataError, connection
 
 from jobs import transitions
 from jobs.batches import claim_messages
@@ -76,6 +76,10 @@ from workers.timeouts import report_abandoned, time_out_flight
 log = logging.getLogger("workers")
 
 Flight = InFlight | MessageFlight
+
+# What a batched success write raises for one job's values (a number outside
+# its column, text the database refuses): that job fails, the others are written.
+_VALUE_ERRORS = (DataError, ValueError, TypeError, OverflowError)
 
 # How long the main loop waits, after the first job of a batch finished, for
 # the rest of the batch before it writes the completions and claims again:
@@ -142,8 +146,8 @@ class JobThreads:
         while (item := self._queue.get()) is not None:
             try:
                 self._run(*item)
-            except Exception:  # noqa: BLE001 - a thread must outlive one broken run
-                log.exception("worker.thread_error key=%s", item[0])
+            except BaseException as error:  # noqa: BLE001 - a thread must outlive one broken run
+                log.error("worker.thread_error key=%s", item[0], exc_info=error)
             if getattr(item[1], "abandoned", 0.0):
                 return  # replaced by ``add_thread`` when its run was abandoned
 
@@ -481,10 +485,15 @@ class JobWorker:
                 what="complete_and_claim",
                 attempts=3,
             )
-        except Exception:
-            with self._lock:
-                self._completions[:0] = batch  # keep them; the leases are still ours
-            raise
+        except Exception as error:
+            if not batch or is_transient(error):
+                with self._lock:
+                    self._completions[:0] = batch  # keep them; the leases are still ours
+                raise
+            # A value the per-job checks let through broke the batched statement:
+            # write the batch one by one, failing only the job that holds it.
+            self._complete_one_by_one(batch, error)
+            return self._claim_pass()
         self._finish(batch, moved)
         self._submit_jobs(jobs)
         return len(jobs)
@@ -645,7 +654,15 @@ class JobWorker:
         try:
             if isinstance(flight, InFlight):
                 flight.thread_id = threading.get_ident()
-                outcome = self._runner.run(flight)
+                try:
+                    outcome = self._runner.run(flight)
+                except BaseException:
+                    # Never left holding a slot: the lease runs out, the reaper rescues the job.
+                    with self._lock:
+                        flight.done = True
+                        self._flights.pop(key, None)
+                        self._abandoned.pop(key, None)
+                    raise
                 with self._lock:
                     flight.done = True
                     if flight.abandoned:  # timed out: its slot went on long ago
@@ -671,11 +688,70 @@ class JobWorker:
             return
         try:
             moved = with_db_retry(lambda: complete_jobs(batch), what="complete", attempts=3)
-        except Exception:
-            with self._lock:
-                self._completions[:0] = batch  # keep them; the leases are still ours
-            raise
+        except Exception as error:
+            if is_transient(error):
+                with self._lock:
+                    self._completions[:0] = batch  # keep them; the leases are still ours
+                raise
+            self._complete_one_by_one(batch, error)
+            return
         self._finish(batch, moved)
+
+    def _complete_one_by_one(self, batch: list[Completion], error: Exception) -> None:
+        """Write each completion of a batch that failed as a whole on its own.
+
+        A completion the database refuses for its values (``_VALUE_ERRORS``)
+        fails its job (``ResultNotStorable``, the database's reason in the
+        message); the others succeed. Any other error keeps the unwritten
+        completions for the next cycle and is raised.
+        """
+        log.warning(
+            "worker.batch_write_failed jobs=%d error=%s (writing them one by one)",
+            len(batch),
+            f"{type(error).__name__}: {error}",
+        )
+        moved: list = []
+        for index, completion in enumerate(batch):
+            try:
+                moved += with_db_retry(
+                    functools.partial(complete_jobs, [completion]), what="complete", attempts=3
+                )
+            except _VALUE_ERRORS as refused:
+                self._fail_unstorable(completion, refused)
+                moved.append(completion.job_id)
+            except Exception:
+                with self._lock:
+                    self._completions[:0] = batch[index:]
+                self._finish(batch[:index], moved)
+                raise
+        self._finish(batch, moved)
+
+    def _fail_unstorable(self, completion: Completion, error: Exception) -> None:
+        """Fail a job whose success the database refused; its worker goes on."""
+        reason = f"{type(error).__name__}: {error}".strip()
+        try:
+            with_db_retry(
+                functools.partial(
+                    transitions.fail_job,
+                    completion.job_id,
+                    lease_token=completion.lease_token,
+                    error_code="ResultNotStorable",
+                    error_message=(
+                        "The database refused to store this job's result or progress: " + reason
+                    ),
+                ),
+                what="fail",
+                attempts=3,
+            )
+            log.warning(
+                "job.failed job_id=%s error=ResultNotStorable message=%r",
+                completion.job_id,
+                reason[:500],
+            )
+        except LeaseLost:
+            pass
+        except Exception:  # noqa: BLE001 - the lease runs out; the reaper takes over
+            log.exception("job.fail_unstorable_failed job_id=%s", completion.job_id)
 
     def _finish(self, batch: list[Completion], moved: list) -> None:
         """Free the slots of a written batch; warn about the jobs whose lease was gone."""

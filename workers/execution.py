@@ -9,7 +9,6 @@ meanwhile is left as it is.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -22,6 +21,7 @@ from django.db import connection, transaction
 
 from jobs import transitions
 from jobs.claims import ClaimedJob, Completion
+from jobs.conf import knob
 from jobs.exceptions import (
     ControlPlaneError,
     JobCancelled,
@@ -34,7 +34,13 @@ from jobs.failures import format_traceback, innermost_frame
 from jobs.independent import independent_connection
 from jobs.logging_json import state_line_level
 from jobs.operations import JobContext, Operation, OperationRegistry, OperationResult
-from jobs.storable import first_unstorable, text_problem
+from jobs.storable import (
+    InvalidProgress,
+    ResultTooLarge,
+    checked_progress,
+    storable_json,
+    text_problem,
+)
 from jobs.tracing import end_run, run_span
 from workers.resilience import describe, is_outage, reset_connection, with_db_retry
 
@@ -132,17 +138,37 @@ def _json_safe(value: Any, what: str) -> Any:
 
     Checked here, per job, because a completion is written in a batch with
     others: one NUL in one result must fail that job, not the whole batch.
+    Only JSON and the conversions ``storable_json`` documents are taken (a
+    set or any other object is refused, never stringified); at most
+    ``MAX_RESULT_BYTES`` (``ResultTooLarge``).
     """
-    try:
-        data = json.loads(json.dumps(value, default=str, allow_nan=False))
-    except RecursionError:
-        raise UnstorableValue(f"The {what} is nested too deeply to store.") from None
-    except (TypeError, ValueError) as error:
-        raise UnstorableValue(f"The {what} is not JSON: {error}.") from None
-    found = first_unstorable(data, what)
-    if found is not None:
-        raise UnstorableValue(f"The {found[0]} {found[1]}.")
-    return data
+    return storable_json(value, what, max_bytes=int(knob("MAX_RESULT_BYTES")))
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _stops_worker(error: BaseException) -> bool:
+    """Whether ``error`` is the worker's own stop, to let through rather than fail the job.
+
+    Signals reach Python in the main thread only, so a ``KeyboardInterrupt``
+    or ``SystemExit`` raised in a job's thread is the operation's own doing
+    (``sys.exit()``, ``raise SystemExit``): that job's failure. In the main
+    thread (an operation run inline) they keep their meaning.
+    """
+    return isinstance(error, (KeyboardInterrupt, SystemExit)) and _in_main_thread()
+
+
+def _error_text(error: BaseException) -> str:
+    """An error's message as recorded; a non-``Exception`` says what it did not do."""
+    text = str(error) or type(error).__name__
+    if not isinstance(error, Exception):
+        text = (
+            f"The operation raised {type(error).__name__}({text}); it failed this job "
+            "and did not stop the worker."
+        )
+    return text
 
 
 def _emitter(job: ClaimedJob) -> Callable[..., int]:
@@ -205,7 +231,9 @@ class JobRunner:
         job = flight.job
         try:
             outcome = self._run(flight)
-        except Exception as error:  # noqa: BLE001 - last line of defence: never stuck in running
+        except BaseException as error:  # noqa: BLE001 - last line of defence: never stuck in running
+            if _stops_worker(error):
+                raise
             outcome = self._last_resort(flight, error)
         if outcome.status == "cancelled" and flight.stop_reason:
             # The worker stopped the run, nobody cancelled the job: the worker's
@@ -238,7 +266,7 @@ class JobRunner:
                 log.exception("hook.post_handle_failed job_id=%s", job.id)
         return outcome
 
-    def _last_resort(self, flight: InFlight, error: Exception) -> Outcome:
+    def _last_resort(self, flight: InFlight, error: BaseException) -> Outcome:
         """An error outside the operation (the cancel check, a hook): record it somehow."""
         job = flight.job
         if is_outage(error):
@@ -246,8 +274,10 @@ class JobRunner:
                 return self._requeue_after_outage(flight, error)
             except Exception:  # noqa: BLE001 - fall through to a fresh connection
                 pass
-        log.exception("job.record_failed job_id=%s", job.id)
-        return self._fail_fresh(job, "WorkerError", f"{type(error).__name__}: {error}", error=error)
+        log.error("job.record_failed job_id=%s", job.id, exc_info=error)
+        return self._fail_fresh(
+            job, "WorkerError", f"{type(error).__name__}: {_error_text(error)}", error=error
+        )
 
     def _run(self, flight: InFlight) -> Outcome:
         job = flight.job
@@ -287,7 +317,7 @@ class JobRunner:
                 value = op.execute(ctx, flight.job.payload)
                 outcome = self._handle_value(op, flight, value, atomic=True)
         except BaseException as error:  # noqa: BLE001
-            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            if _stops_worker(error):
                 raise
             outcome = self._handle_error(op, flight, error)
         self._after(op, ctx, outcome)
@@ -296,8 +326,10 @@ class JobRunner:
     def _after(self, op: Operation, ctx: JobContext, outcome: Outcome) -> None:
         try:
             op.after(ctx, outcome.status, outcome.error)
-        except Exception:  # noqa: BLE001
-            log.exception("hook.after_failed job_id=%s", ctx.job_id)
+        except BaseException as error:  # noqa: BLE001 - a hook's SystemExit too
+            if _stops_worker(error):
+                raise
+            log.error("hook.after_failed job_id=%s", ctx.job_id, exc_info=error)
 
     def _handle_value(
         self, op: Operation, flight: InFlight, value: Any, *, atomic: bool
@@ -314,8 +346,17 @@ class JobRunner:
             "_progress_current" in result or "_progress_total" in result
         ):
             progress = (result.get("_progress_current"), result.get("_progress_total"))
+        # Every value is checked here, per job, before it joins a batch: one bad
+        # value fails its own job, never the batch or the worker.
+        if progress is not None:
+            try:
+                progress = checked_progress(*progress)
+            except InvalidProgress as error:
+                return self._fail(flight, "InvalidProgress", str(error))
         try:
             result = _json_safe(result, "result")
+        except ResultTooLarge as error:
+            return self._fail(flight, "ResultTooLarge", str(error))
         except UnstorableValue as error:
             return self._fail(flight, "ResultNotSerializable", str(error))
         if flight.cancel.is_set():
@@ -357,7 +398,7 @@ class JobRunner:
 
     def _handle_error(self, op: Operation, flight: InFlight, error: BaseException) -> Outcome:
         job = flight.job
-        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        if _stops_worker(error):
             raise error
         if isinstance(error, JobCancelled) or flight.cancel.is_set():
             return Outcome("cancelled", error=error)
@@ -395,7 +436,7 @@ class JobRunner:
         return self._fail(
             flight,
             type(error).__name__,
-            str(error) or type(error).__name__,
+            _error_text(error),
             retryable=retryable,
             backoff=delay,
             error=error,

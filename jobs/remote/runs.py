@@ -27,12 +27,13 @@ from django.utils import timezone
 
 from jobs.claims import ClaimedJob, claim_jobs
 from jobs.conf import knob
+from jobs.exceptions import UnstorableValue
 from jobs.models import Job, Queue, QueueKind, Worker
 from jobs.rate_limits import TokenWaits, claim_rate_limited
 from jobs.remote.errors import LeaseNotYours, RemoteRequestError
 from jobs.remote.workers import get_remote_worker, held_by_other_accounts
 from jobs.states import CANCELLED, RUNNING, Status
-from jobs.storable import text_problem, unstorable_fields
+from jobs.storable import storable_json, text_problem, unstorable_fields
 from jobs.transitions import cancel_jobs, complete_job, emit_event, fail_job
 
 # A long-poll never parks longer than this.
@@ -344,12 +345,18 @@ def complete(
     parent). If heartbeats stop, the lease expires and the reaper rescues it
     like any running job; a graceful disconnect requeues it.
 
-    A ``result`` no database can store is refused (400) before anything is
-    written: the job stays running and its lease is still good.
+    A ``result`` no database can store, or longer than ``MAX_RESULT_BYTES``
+    as JSON, is refused (400) before anything is written: the job stays
+    running and its lease is still good (the worker may ``fail`` it).
+    Error and event messages are not refused: the transitions cut them to
+    ``MAX_ERROR_MESSAGE_CHARS``/``MAX_EVENT_MESSAGE_CHARS`` with a marker.
     """
-    _refuse_unstorable(
-        "The job was not completed: fix the fields named in 'errors'.", result=result
-    )
+    refused = "The job was not completed: fix the fields named in 'errors'."
+    _refuse_unstorable(refused, result=result)
+    try:  # as a local worker's result: at most MAX_RESULT_BYTES of JSON
+        storable_json(result, "result", max_bytes=int(knob("MAX_RESULT_BYTES")))
+    except UnstorableValue as error:
+        raise RemoteRequestError(refused, {"result": [str(error)]}) from None
     token = _held_token(job_id, lease_token, user)
     if deferred:
         defer_held_job(job_id, lease_token=token, result=result)
