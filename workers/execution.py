@@ -142,6 +142,8 @@ def _json_safe(value: Any, what: str) -> Any:
     set or any other object is refused, never stringified); at most
     ``MAX_RESULT_BYTES`` (``ResultTooLarge``).
     """
+    if value is None or type(value) is int or type(value) is bool:
+        return value  # the common results: nothing to convert, measure or read settings for
     return storable_json(value, what, max_bytes=int(knob("MAX_RESULT_BYTES")))
 
 

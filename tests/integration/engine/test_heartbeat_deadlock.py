@@ -9,6 +9,7 @@ never waits for a job row (``FOR UPDATE SKIP LOCKED``).
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 import uuid
@@ -72,9 +73,19 @@ def _deadlocks() -> int:
 
 
 def test_a_drain_with_a_fast_heartbeat_has_no_deadlock(worker):
-    """3,000 jobs through two workers beating every 5 ms: the database counts no deadlock."""
+    """3,000 jobs through two workers beating every 5 ms: the database counts no deadlock.
+
+    The jobs take 0-20 ms each, so each batch finishes (and is written) in an
+    order unlike its ids', the order the heartbeat reads them in.
+    """
+    rng = random.Random(27)
     before = _deadlocks()
-    enqueue_many([JobSpec("ping") for _ in range(3000)])
+    enqueue_many(
+        [
+            JobSpec("sleep", payload={"seconds": rng.randint(0, 20) / 1000, "emit_every": 1})
+            for _ in range(3000)
+        ]
+    )
     knobs = {"CONTROLPLANE_HEARTBEAT_SECONDS": "0.005"}
     procs = [worker(args=("--burst", "--concurrency", "32"), env=knobs) for _ in range(2)]
     for proc in procs:
