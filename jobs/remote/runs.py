@@ -318,6 +318,10 @@ def post_event(
     if errors:
         raise RemoteRequestError(refused, errors)
     _refuse_unstorable(refused, message=message or "", fields=fields or {})
+    try:  # as a local worker's ``emit``: its fields at most MAX_RESULT_BYTES of JSON
+        storable_json(fields or {}, "event's fields", max_bytes=int(knob("MAX_RESULT_BYTES")))
+    except UnstorableValue as error:
+        raise RemoteRequestError(refused, {"fields": [str(error)]}) from None
     return emit_event(
         job_id,
         event=event,

@@ -62,6 +62,16 @@ def test_remote_error_and_event_messages_are_cut_with_a_marker(held):
     assert step.message.endswith("… [truncated: 40000 of 50000 characters not stored]")
 
 
+def test_remote_event_fields_past_the_cap_are_refused(held):
+    job_id, token, user = held
+    with pytest.raises(RemoteRequestError) as refused:
+        remote.post_event(
+            job_id=job_id, lease_token=token, event="step", fields={"b": "x" * 2000}, user=user
+        )
+    assert "MAX_RESULT_BYTES" in refused.value.errors["fields"][0]
+    assert not JobEvent.objects.filter(job_id=job_id, event="step").exists()
+
+
 def test_remote_progress_out_of_range_is_refused(held):
     job_id, token, user = held
     for bad in (-5, 10**12, 1.5, float("nan")):
