@@ -18,9 +18,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import connections, transaction
-from django.utils import timezone
 
 from jobs import transitions
+from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.exceptions import ControlPlaneError, LeaseLost
@@ -106,7 +106,7 @@ def dispatch_batches(
             raise ControlPlaneError(f"Batch {index} payload is invalid: {errors}")
     batch_queue, write_queue = batch_queue_names(queue or ctx.job.queue)
     _ensure_batch_queues(batch_queue, write_queue)
-    now = timezone.now()
+    now = db_now()
     attempts = op.max_attempts or int(knob("BATCH_MAX_ATTEMPTS"))
     with transaction.atomic():
         updated = Job.objects.filter(
@@ -163,7 +163,7 @@ def claim_messages(*, queue: str, limit: int, visibility_seconds: float) -> list
     if limit <= 0:
         return []
     d = dialect()
-    now = timezone.now()
+    now = db_now()
     pick = (
         "SELECT id FROM controlplane_batchmessage WHERE queue = %s AND visible_after <= %s "
         "ORDER BY visible_after, id LIMIT %s"
@@ -280,7 +280,7 @@ def fail_batch(message: ClaimedMessage, error: BaseException) -> bool:
     if message.attempts < message.max_attempts:
         backoff = float(knob("RETRY_BACKOFF_SECONDS")) * 2 ** (message.attempts - 1)
         BatchMessage.objects.filter(pk=message.id, attempts=message.attempts).update(
-            visible_after=timezone.now() + timedelta(seconds=backoff), last_error=text[:2000]
+            visible_after=db_now() + timedelta(seconds=backoff), last_error=text[:2000]
         )
         return False
     _fail_parent(
@@ -311,7 +311,7 @@ def write_batch(message: ClaimedMessage) -> str:
     d = dialect()
     op = batch_registry.get(message.operation)
     output = message.payload.get("output")
-    now = timezone.now()
+    now = db_now()
     if not parent_running(message.parent_id):
         _ack(message)
         return "dropped"

@@ -1,7 +1,10 @@
 """The hot path: claiming jobs, extending leases, finishing many jobs at once.
 
 Each is one or two statements for any number of jobs; on PostgreSQL the
-claim writes its ``job.started`` events in the same statement.
+claim writes its ``job.started`` events in the same statement. Every time
+they write or compare (leases, ``run_after``, ``started_at``, event ``ts``)
+is the database's ``statement_timestamp()`` (``Dialect.now``), never the
+worker's clock: workers on machines whose clocks differ agree on leases.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import uuid
 from collections.abc import Collection, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
@@ -42,15 +45,16 @@ class ClaimedJob:
 
 _RETURNING = (
     "RETURNING id, operation, queue, payload, attempts, max_attempts, parent_id, "
-    "lease_token, last_event_seq, (expires_at IS NOT NULL AND expires_at <= %s) AS expired, "
+    "lease_token, last_event_seq, (expires_at IS NOT NULL AND expires_at <= {now}) AS expired, "
     "timeout_seconds, trace_context"
 )
+# PostgreSQL only (data-modifying CTEs): the database's clock, as the UPDATE beside them.
 _STARTED_EVENT = (
-    "SELECT id, last_event_seq, %s, 'job.started', 'info', '', "
+    "SELECT id, last_event_seq, statement_timestamp(), 'job.started', 'info', '', "
     "jsonb_build_object('worker', %s::text, 'attempt', attempts) FROM claimed"
 )
 _SUCCEEDED_EVENT = (
-    "SELECT id, last_event_seq, %s, 'job.succeeded', 'info', '', "
+    "SELECT id, last_event_seq, statement_timestamp(), 'job.succeeded', 'info', '', "
     "jsonb_build_object('duration_ms', duration_ms) FROM done"
 )
 _EVENT_COLUMNS = f"{EVENT_TABLE} (job_id, seq, ts, event, level, message, fields)"
@@ -60,7 +64,7 @@ def _pick(
     d: Any,
     *,
     queues: Sequence[str],
-    now: Any,
+    now: datetime | None,
     limit: int,
     operations: Sequence[str] | None,
     local_operations: Collection[str] | None,
@@ -79,20 +83,26 @@ def _pick(
     the best priority down, each found by one descent of ``job_claimable_idx``
     and read only as far as ``run_after <= now``, and stops once it holds
     ``limit`` jobs: a future job costs nothing, and it locks what it takes.
+
+    ``now`` is SQLite's instant (``Dialect.now``); PostgreSQL reads its own clock.
     """
+    now_sql, now_params = d.now(at=now)
     if d.postgres:
         return (
-            "SELECT controlplane_claimable_ids(%s::text[], %s, %s, %s::text[], %s::text[])",
+            f"SELECT controlplane_claimable_ids(%s::text[], {now_sql}, %s, %s::text[], %s::text[])",
             [
                 list(queues),
-                d.ts(now),
                 limit,
                 None if operations is None else list(operations),
                 None if local_operations is None else list(local_operations),
             ],
         )
-    conditions = ["status = 'queued'", f"queue IN {d.in_list(len(queues))}", "run_after <= %s"]
-    params: list[Any] = [*queues, d.ts(now)]
+    conditions = [
+        "status = 'queued'",
+        f"queue IN {d.in_list(len(queues))}",
+        f"run_after <= {now_sql}",
+    ]
+    params: list[Any] = [*queues, *now_params]
     if operations is not None:
         conditions.append(f"operation IN {d.in_list(len(operations))}")
         params.extend(operations)
@@ -116,20 +126,29 @@ def _claim_update(
     pick: str,
     pick_params: list[Any],
     worker_id: uuid.UUID,
-    now: Any,
+    now: datetime | None,
     lease_seconds: float,
 ) -> tuple[str, list[Any]]:
     """UPDATE … RETURNING that starts the picked jobs (PostgreSQL probes them by primary key)."""
+    now_sql, now_params = d.now(at=now)
+    lease_sql, lease_params = d.now(lease_seconds, at=now)
     # ``id = ANY(ARRAY(…))`` evaluates the pick once (an InitPlan) and then probes
     # controlplane_job_pkey: never a hash semi-join over a scan of the whole table.
     target = f"id = ANY(ARRAY({pick}))" if d.postgres else f"id IN ({pick})"
     sql = (
         f"UPDATE {JOB_TABLE} SET status = 'running', attempts = attempts + 1, "
-        f"started_at = %s, leased_until = %s, lease_token = {d.new_token}, worker_id = %s, "
-        f"last_event_seq = last_event_seq + 1, last_event_at = %s WHERE {target} {_RETURNING}"
+        f"started_at = {now_sql}, leased_until = {lease_sql}, lease_token = {d.new_token}, "
+        f"worker_id = %s, last_event_seq = last_event_seq + 1, last_event_at = {now_sql} "
+        f"WHERE {target} {_RETURNING.format(now=now_sql)}"
     )
-    lease_until = now + timedelta(seconds=lease_seconds)
-    params = [d.ts(now), d.ts(lease_until), d.uuid(worker_id), d.ts(now), *pick_params, d.ts(now)]
+    params = [
+        *now_params,
+        *lease_params,
+        d.uuid(worker_id),
+        *now_params,
+        *pick_params,
+        *now_params,
+    ]
     return sql, params
 
 
@@ -179,7 +198,7 @@ def claim_jobs(
     if limit <= 0 or not queues or (operations is not None and not operations):
         return []
     d = dialect(using)
-    now = timezone.now()
+    now = None if d.postgres else timezone.now()  # PostgreSQL: its own clock, in the statement
     worker_text = str(worker_id)
     # On PostgreSQL an uncapped claim is one statement, atomic on its own.
     needs_transaction = cap is not None or not d.postgres
@@ -221,7 +240,7 @@ def claim_jobs(
             cursor.execute(
                 f"WITH claimed AS ({update}), ev AS (INSERT INTO {_EVENT_COLUMNS} "
                 f"{_STARTED_EVENT}) SELECT * FROM claimed",
-                [*params, d.ts(now), worker_text],
+                [*params, worker_text],
             )
             rows = cursor.fetchall()
         else:
@@ -254,10 +273,11 @@ def extend_leases(
     Also refreshes the worker's heartbeat, in the same transaction.
     """
     d = dialect(using)
-    now = timezone.now()
+    now = None if d.postgres else timezone.now()
+    now_sql, now_params = d.now(at=now)
     beat = (
-        "UPDATE controlplane_worker SET last_heartbeat = %s WHERE id = %s",
-        [d.ts(now), d.uuid(worker_id)],
+        f"UPDATE controlplane_worker SET last_heartbeat = {now_sql} WHERE id = %s",
+        [*now_params, d.uuid(worker_id)],
     )
     if not held:  # one statement: no transaction to open (remote workers poll this)
         with connections[using].cursor() as cursor:
@@ -274,7 +294,7 @@ def extend_leases(
         else:
             where = f"id IN {d.in_list(len(ids))} AND lease_token IN {d.in_list(len(tokens))}"
             params = [*ids, *tokens]
-        lease_until = d.ts(now + timedelta(seconds=lease_seconds))
+        lease_sql, lease_params = d.now(lease_seconds, at=now)
         if d.postgres:
             # Never wait for a job row: the same worker's batched success write
             # (complete_and_claim) locks its rows in the batch's order, this in
@@ -287,17 +307,17 @@ def extend_leases(
             cursor.execute(
                 f"WITH locked AS (SELECT id FROM {JOB_TABLE} WHERE {held_where} "
                 "FOR UPDATE SKIP LOCKED), "
-                f"extended AS (UPDATE {JOB_TABLE} SET leased_until = %s "
+                f"extended AS (UPDATE {JOB_TABLE} SET leased_until = {lease_sql} "
                 f"FROM locked WHERE {JOB_TABLE}.id = locked.id RETURNING {JOB_TABLE}.id) "
                 f"SELECT id FROM extended UNION ALL SELECT id FROM {JOB_TABLE} "
                 f"WHERE {held_where} AND id NOT IN (SELECT id FROM locked)",
-                [*params, lease_until, *params],
+                [*params, *lease_params, *params],
             )
         else:
             cursor.execute(
-                f"UPDATE {JOB_TABLE} SET leased_until = %s "
+                f"UPDATE {JOB_TABLE} SET leased_until = {lease_sql} "
                 f"WHERE {where} AND (status = 'running') IS TRUE RETURNING id",
-                [lease_until, *params],
+                [*lease_params, *params],
             )
         kept = {d.read_id(r[0]) for r in cursor.fetchall()}
     return {job_id for job_id, _ in held} - kept
@@ -330,7 +350,7 @@ def _int(value: int | None) -> str:
 
 
 def _completion_update(
-    d: Any, completions: Sequence[Completion], now: Any
+    d: Any, completions: Sequence[Completion], now: datetime | None
 ) -> tuple[str, list[Any]]:
     """UPDATE … FROM (VALUES …) for many running -> succeeded moves, each fenced by its token.
 
@@ -340,7 +360,8 @@ def _completion_update(
     the batch's ids in ``controlplane_job_pkey``.
     """
     check_transition(RUNNING, SUCCEEDED)
-    params: list[Any] = [d.ts(now), d.ts(now)]
+    now_sql, now_params = d.now(at=now)
+    params: list[Any] = [*now_params, *now_params]
     if d.postgres:
         # Six arrays, whatever the batch size: the statement text never changes, so
         # psycopg converts it once (a text over 4 kB, as 32 VALUES rows made it,
@@ -372,7 +393,7 @@ def _completion_update(
             ]
     sql = (
         f"UPDATE {JOB_TABLE} SET status = 'succeeded', last_event_seq = last_event_seq + 1, "
-        "last_event_at = %s, finished_at = %s, result = v.column3, error_code = '', "
+        f"last_event_at = {now_sql}, finished_at = {now_sql}, result = v.column3, error_code = '', "
         "error_message = '', leased_until = NULL, lease_token = NULL, "
         "progress_current = COALESCE(v.column4, progress_current), "
         "progress_total = COALESCE(v.column5, progress_total) "
@@ -393,7 +414,7 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
     if not completions:
         return []
     d = dialect(using)
-    now = timezone.now()
+    now = None if d.postgres else timezone.now()
     update, params = _completion_update(d, completions, now)
     if d.postgres:
         # One statement, atomic on its own: no BEGIN/COMMIT round trips.
@@ -401,7 +422,7 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
             cursor.execute(
                 f"WITH done AS ({update}, v.column6 AS duration_ms) "
                 f"INSERT INTO {_EVENT_COLUMNS} {_SUCCEEDED_EVENT} RETURNING job_id",
-                [*params, d.ts(now)],
+                params,
             )
             return [r[0] for r in cursor.fetchall()]
     # SQLite: RETURNING cannot name the VALUES table; take durations from our side.
@@ -454,7 +475,7 @@ def complete_and_claim(
         )
     if limit <= 0 or not queues:
         return complete_jobs(completions, using=using), []
-    now = timezone.now()
+    now = None  # PostgreSQL: its own clock, in the statement
     done, done_params = _completion_update(d, completions, now)
     pick, pick_params = _pick(
         d,
@@ -480,7 +501,7 @@ def complete_and_claim(
         "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done"
     )
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, [*done_params, *claim_params, d.ts(now), d.ts(now), str(worker_id)])
+        cursor.execute(sql, [*done_params, *claim_params, str(worker_id)])
         rows = cursor.fetchall()
     moved = [r[0] for r in rows if r[1] is None]
     return moved, [_claimed(d, r) for r in rows if r[1] is not None]

@@ -17,6 +17,11 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_SECONDS": 30.0,
     "HEARTBEAT_SECONDS": 10.0,
     "WORKER_TIMEOUT_SECONDS": 60.0,
+    # Clocks (jobs.clock): coordination uses the database's clock; a worker or
+    # reaper whose own clock is off by more than WARN logs it at start and on
+    # each heartbeat, and a worker off by more than MAX stops claiming (0: never).
+    "CLOCK_SKEW_WARN_SECONDS": 2.0,
+    "CLOCK_SKEW_MAX_SECONDS": 600.0,
     # A local worker whose liveness lock (PostgreSQL) stays free this long is
     # gone: its jobs are rescued at once (workers.liveness). The reaper checks
     # every WORKER_LIVENESS_SECONDS; a worker's listener retries its lost

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID  # not ``import uuid``: ``Dialect.uuid`` shadows it in the class body
 
 from django.db import connections
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+
+
+@dataclass(frozen=True)
+class Now:
+    """An assignment or comparison meaning "the database's time plus ``seconds``"."""
+
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,21 @@ class Dialect:
     @property
     def new_token(self) -> str:
         return "gen_random_uuid()" if self.postgres else "lower(hex(randomblob(16)))"
+
+    def now(self, plus: float = 0.0, *, at: datetime | None = None) -> tuple[str, list[Any]]:
+        """The database's time plus ``plus`` seconds, as (SQL, params) inside a statement.
+
+        PostgreSQL: ``statement_timestamp()``, the database server's clock, so
+        processes on machines whose clocks differ agree (``jobs.clock``). SQLite
+        is one machine: this process's time, ``at`` when given (one instant
+        for every use in a statement), as a parameter.
+        """
+        if self.postgres:
+            if not plus:
+                return "statement_timestamp()", []
+            return "(statement_timestamp() + %s * interval '1 second')", [float(plus)]
+        base = at if at is not None else timezone.now()
+        return "%s", [self.ts(base + timedelta(seconds=plus) if plus else base)]
 
     def in_list(self, n: int) -> str:
         return "(" + ", ".join(["%s"] * n) + ")"

@@ -37,6 +37,7 @@ from django.db import connections, transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
 
+from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.enqueue_statement import INSERT_CONFLICT, JOB_COLUMNS, Row, statement
@@ -390,7 +391,7 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
 def _enqueue_many(
     specs: Sequence[JobSpec], using: str, trace_context: dict[str, str] | None
 ) -> list[Job]:
-    now = timezone.now()
+    now = db_now(using)
     batch = _Batch(int(knob("MAX_PAYLOAD_BYTES")), now, len(specs))
     rows: list[Row] = []
     errors: dict[str, list[str]] = {}

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.utils import timezone
 
 from jobs.claims import ClaimedJob, claim_jobs
+from jobs.clock import db_now
 from jobs.models import Queue
 
 # floor(0.9999999999) is a rounding error, not a missing token.
@@ -114,7 +114,7 @@ def claim_rate_limited(
     """
     if limit <= 0:
         return RateLimitedClaim([])
-    now = timezone.now()
+    now = db_now(using)
 
     def claim(n: int) -> list[ClaimedJob]:
         return claim_jobs(

@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
-from django.utils import timezone
 
+from jobs.clock import db_now
 from jobs.dialect import dialect
 from jobs.exceptions import ControlPlaneError, JobNotFound
 from jobs.models import Job
@@ -55,7 +55,7 @@ def run_job_now(
     """
     d = dialect(using)
     table = Job._meta.db_table
-    now = timezone.now()
+    now = db_now(using)
     with transaction.atomic(using=using):
         # Locked first (PostgreSQL) so the time it was due, read here, is the
         # one the guarded UPDATE below replaces.

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
-from django.utils import timezone
-
-from jobs.dialect import dialect
+from jobs.dialect import Now, dialect
 from jobs.states import FAILED, QUEUED, RUNNING
 from jobs.transitions import (
     CLEAR_LEASE,
@@ -47,11 +44,12 @@ def requeue_expired_leases(
     resets it with the rest of the attempt budget): an operator retrying a job
     that died of lease expiries expects it to get its full budget again.
     The requeued jobs' queues are notified so idle workers claim them at once.
+    Leases are compared with the database's clock, as they were written.
     """
     d = dialect()
-    now = timezone.now()
-    expiry = "lease_token IS NOT NULL AND (leased_until < %s"
-    expiry_params: list[Any] = [d.ts(now)]
+    now_sql, now_params = d.now()
+    expiry = f"lease_token IS NOT NULL AND (leased_until < {now_sql}"
+    expiry_params: list[Any] = [*now_params]
     if worker_ids:
         expiry += f" OR worker_id IN {d.in_list(len(worker_ids))}"
         expiry_params += [d.uuid(w) for w in worker_ids]
@@ -76,7 +74,7 @@ def requeue_expired_leases(
             **CLEAR_LEASE,
             "lease_requeues": Sql("lease_requeues + 1"),
             "attempts": DECREMENT_ATTEMPTS,
-            "run_after": now,
+            "run_after": Now(),
             "worker_id": None,
             "started_at": RESET_STARTED_AT,
         },
@@ -94,7 +92,7 @@ def requeue_expired_leases(
         ),
         assign={
             **CLEAR_LEASE,
-            "finished_at": now,
+            "finished_at": Now(),
             "error_code": "LeaseExpired",
             "error_message": f"The job's lease expired more than {max_requeues} times.",
         },
@@ -107,12 +105,12 @@ def fail_timed_out(
 ) -> list[uuid.UUID]:
     """Fail jobs running longer than the timeout that also wrote no event for ``stall_seconds``."""
     d = dialect()
-    now = timezone.now()
-    stale = "started_at < %s AND (last_event_at IS NULL OR last_event_at < %s)"
-    stale_params = [
-        d.ts(now - timedelta(seconds=timeout_seconds)),
-        d.ts(now - timedelta(seconds=stall_seconds)),
-    ]
+    started_sql, started_params = d.now(-timeout_seconds)
+    stalled_sql, stalled_params = d.now(-stall_seconds)
+    stale = (
+        f"started_at < {started_sql} AND (last_event_at IS NULL OR last_event_at < {stalled_sql})"
+    )
+    stale_params = [*started_params, *stalled_params]
     message = f"Ran longer than {timeout_seconds:g} s with no event for {stall_seconds:g} s."
     moved = _move(
         target=FAILED,
@@ -126,7 +124,7 @@ def fail_timed_out(
         ),
         assign={
             **CLEAR_LEASE,
-            "finished_at": now,
+            "finished_at": Now(),
             "error_code": "JobTimeout",
             "error_message": message,
         },

@@ -27,9 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections
-from django.utils import timezone
 
-from jobs.dialect import Dialect, dialect
+from jobs.dialect import Dialect, Now, dialect
 from jobs.failures import failure_fields
 from jobs.states import FAILED, RUNNING
 from jobs.tables import JOB_TABLE
@@ -60,7 +59,7 @@ def _changes(
         "by": by,
     }
     event = Event(TIMEOUT_EVENT, level="error", message=message, fields=fields)
-    return event, {**error, **CLEAR_LEASE, "finished_at": timezone.now()}
+    return event, {**error, **CLEAR_LEASE, "finished_at": Now()}
 
 
 def time_out_job(
@@ -89,19 +88,20 @@ def time_out_job(
     )
 
 
-def _overdue(d: Dialect) -> str:
-    """SQL true for a job past ``started_at + timeout_seconds`` plus a grace (two params:
-    the grace in seconds, then now)."""
+def _overdue(d: Dialect) -> tuple[str, list[Any]]:
+    """SQL true for a job past ``started_at + timeout_seconds`` plus a grace (the grace in
+    seconds is its first param), and the params of its "now": the database's clock."""
+    now_sql, now_params = d.now()
     if d.postgres:
         return (
             "timeout_seconds IS NOT NULL AND started_at "
-            "+ (timeout_seconds + %s) * interval '1 second' < %s"
-        )
+            f"+ (timeout_seconds + %s) * interval '1 second' < {now_sql}"
+        ), now_params
     # SQLite stores timestamps as ISO text; julianday reads them (to the millisecond).
     return (
         "timeout_seconds IS NOT NULL "
-        "AND julianday(started_at) + (timeout_seconds + %s) / 86400.0 < julianday(%s)"
-    )
+        f"AND julianday(started_at) + (timeout_seconds + %s) / 86400.0 < julianday({now_sql})"
+    ), now_params
 
 
 def fail_overdue_jobs(
@@ -125,9 +125,8 @@ def fail_overdue_jobs(
     if held is not None and not held:
         return []
     d = dialect(using)
-    now = timezone.now()
-    overdue = _overdue(d)
-    overdue_params = [float(grace_seconds), d.ts(now)]
+    overdue, now_params = _overdue(d)
+    overdue_params = [float(grace_seconds), *now_params]
     conditions, params = ["status = 'running'", overdue], list(overdue_params)
     tokens: dict[uuid.UUID, uuid.UUID] = {}
     if held is not None:

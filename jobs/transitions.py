@@ -6,6 +6,10 @@ fenced by the lease token where a worker acts) followed by the INSERT of its
 job row by the same UPDATE, so the row lock orders the commits and the
 timeline has no gaps. When the guard matches nothing, the caller gets a
 clear exception (``LeaseLost``, ``IllegalTransition``, ``JobNotFound``).
+
+Times written or compared here (``run_after``, ``finished_at``, event
+``ts``) are the database's (``Now``, ``Dialect.now``), never the caller's
+clock, so processes on machines whose clocks differ agree (``jobs.clock``).
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from jobs.dialect import Dialect, dialect
+from jobs.dialect import Dialect, Now, dialect
 from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
 from jobs.failures import failure_fields
 from jobs.states import (
@@ -78,7 +82,10 @@ class Event:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-def _adapt(d: Dialect, value: Any) -> tuple[str, list[Any]]:
+def _adapt(d: Dialect, value: Any, at: datetime | None = None) -> tuple[str, list[Any]]:
+    """An assignment's SQL and params; ``at`` is SQLite's instant for a ``Now``."""
+    if isinstance(value, Now):
+        return d.now(value.seconds, at=at)
     if isinstance(value, Sql):
         return str(value), []
     if isinstance(value, Json):
@@ -97,19 +104,23 @@ def _adapt(d: Dialect, value: Any) -> tuple[str, list[Any]]:
 
 
 def write_events(
-    cursor: Any, d: Dialect, rows: Iterable[tuple[Any, int]], event: Event, ts: datetime
+    cursor: Any, d: Dialect, rows: Iterable[tuple[Any, int]], event: Event, ts: datetime | None
 ) -> None:
-    """Insert one event per ``(db job id, seq)`` row in one round trip."""
+    """Insert one event per ``(db job id, seq)`` row in one round trip.
+
+    ``ts`` None: the database's time (``Dialect.now``).
+    """
+    ts_sql, ts_params = d.now(at=ts)
     message = cap_event_message(event.message or "")
     params = [
-        (job_id, seq, d.ts(ts), event.event, event.level, message, d.json(event.fields))
+        (job_id, seq, *ts_params, event.event, event.level, message, d.json(event.fields))
         for job_id, seq in rows
     ]
     if not params:
         return
     cursor.executemany(
         f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
-        f"VALUES (%s, %s, %s, %s, %s, %s, {d.json_param})",
+        f"VALUES (%s, %s, {ts_sql}, %s, %s, %s, {d.json_param})",
         params,
     )
 
@@ -131,11 +142,12 @@ def _move(
     sources = tuple(sources or sources_for(target))
     for source in sources:
         check_transition(source, target)
-    now = timezone.now()
-    sets = ["status = %s", "last_event_seq = last_event_seq + 1", "last_event_at = %s"]
-    params: list[Any] = [target.value, d.ts(now)]
+    now = None if d.postgres else timezone.now()  # PostgreSQL: its own clock, in the statement
+    now_sql, now_params = d.now(at=now)
+    sets = ["status = %s", "last_event_seq = last_event_seq + 1", f"last_event_at = {now_sql}"]
+    params: list[Any] = [target.value, *now_params]
     for column, value in (assign or {}).items():
-        sql, values = _adapt(d, value)
+        sql, values = _adapt(d, value, at=now)
         sets.append(f"{column} = {sql}")
         params.extend(values)
     conditions = [f"status IN {d.in_list(len(sources))}"]
@@ -162,11 +174,10 @@ def _move(
             cursor.execute(
                 f"WITH moved AS ({update}) INSERT INTO {EVENT_TABLE} "
                 "(job_id, seq, ts, event, level, message, fields) "
-                "SELECT id, last_event_seq, %s, %s, %s, %s, %s::jsonb FROM moved "
-                "RETURNING job_id, seq",
+                "SELECT id, last_event_seq, statement_timestamp(), %s, %s, %s, %s::jsonb "
+                "FROM moved RETURNING job_id, seq",
                 [
                     *params,
-                    now,
                     event.event,
                     event.level,
                     cap_event_message(event.message or ""),
@@ -227,7 +238,6 @@ def complete_job(
     using: str = "default",
 ) -> Moved:
     """running -> succeeded. ``lease_token=None`` is for closing a deferred parent."""
-    now = timezone.now()
     return _move_one(
         job_id,
         target=SUCCEEDED,
@@ -235,7 +245,7 @@ def complete_job(
         event=Event("job.succeeded", fields=event_fields or {}),
         assign={
             "result": Sql("NULL") if result is None else Json(result),
-            "finished_at": now,
+            "finished_at": Now(),
             "error_code": "",
             "error_message": "",
             **CLEAR_LEASE,
@@ -289,16 +299,17 @@ def defer_job(
     transaction. Returns the seq of the last event written.
     """
     d = dialect(using)
-    now = timezone.now()
+    now = None if d.postgres else timezone.now()
+    now_sql, now_params = d.now(at=now)
     stored = None if result is None else Json(result)
     sets = [
         "last_event_seq = last_event_seq + 1",
-        "last_event_at = %s",
+        f"last_event_at = {now_sql}",
         "worker_id = NULL",
         "leased_until = NULL",
         "lease_token = NULL",
     ]
-    params: list[Any] = [d.ts(now)]
+    params: list[Any] = [*now_params]
     sql, values = _adapt(d, stored)
     sets.append(f"result = {sql}")
     params.extend(values)
@@ -352,7 +363,6 @@ def fail_job(
     frame when the caller holds the exception). Returns the status the job
     moved to.
     """
-    now = timezone.now()
     error_message = cap_error_message(error_message)
     error = {"error_code": error_code, "error_message": error_message}
     details = failure_fields(error_code, error_message, traceback=traceback, frame=frame)
@@ -373,7 +383,7 @@ def fail_job(
                 assign={
                     **error,
                     **CLEAR_LEASE,
-                    "run_after": now + timedelta(seconds=backoff_seconds),
+                    "run_after": Now(backoff_seconds),
                     "worker_id": None,
                 },
                 using=using,
@@ -385,7 +395,7 @@ def fail_job(
             target=FAILED,
             lease_token=lease_token,
             event=Event(event, level="error", message=error_message, fields={**error, **details}),
-            assign={**error, **CLEAR_LEASE, "finished_at": now},
+            assign={**error, **CLEAR_LEASE, "finished_at": Now()},
             using=using,
         )
     return FAILED
@@ -413,7 +423,7 @@ def retry_job_later(
         assign={
             **CLEAR_LEASE,
             "attempts": DECREMENT_ATTEMPTS,
-            "run_after": timezone.now() + timedelta(seconds=delay_seconds),
+            "run_after": Now(delay_seconds),
             "worker_id": None,
             "started_at": RESET_STARTED_AT,
         },
@@ -508,7 +518,7 @@ def requeue_after_outage(
             assign={
                 **CLEAR_LEASE,
                 "attempts": DECREMENT_ATTEMPTS,
-                "run_after": timezone.now() + timedelta(seconds=delay),
+                "run_after": Now(delay),
                 "worker_id": None,
                 "started_at": RESET_STARTED_AT,
             },
@@ -541,7 +551,7 @@ def requeue_job(
         assign={
             **CLEAR_LEASE,
             "attempts": DECREMENT_ATTEMPTS,
-            "run_after": timezone.now(),
+            "run_after": Now(),
             "worker_id": None,
             "started_at": RESET_STARTED_AT,
         },
@@ -580,13 +590,12 @@ def cancel_jobs(
         return []
     d = dialect(using)
     fields = _operator_fields(by, reason)
-    now = timezone.now()
     with transaction.atomic(using=using):
         moved = _move(
             target=CANCELLED,
             job_ids=list(job_ids),
             event=Event("job.cancelled", level="warning", message=reason or "", fields=fields),
-            assign={"finished_at": now, "leased_until": None},
+            assign={"finished_at": Now(), "leased_until": None},
             using=using,
         )
         with connections[using].cursor() as cursor:
@@ -603,7 +612,7 @@ def cancel_jobs(
                     message="parent cancelled",
                     fields={**fields, "cascade": True},
                 ),
-                assign={"finished_at": now, "leased_until": None},
+                assign={"finished_at": Now(), "leased_until": None},
                 using=using,
             )
             if descendants
@@ -635,7 +644,7 @@ def _retry_assign() -> dict[str, Any]:
         **CLEAR_LEASE,
         "attempts": 0,
         "lease_requeues": 0,
-        "run_after": timezone.now(),
+        "run_after": Now(),
         "started_at": None,
         "finished_at": None,
         "worker_id": None,
@@ -771,9 +780,10 @@ def emit_event(
         for key, value in (("_progress_current", current), ("_progress_total", total)):
             if value is not None:
                 fields[key] = value
-    now = timezone.now()
-    sets = ["last_event_seq = last_event_seq + 1", "last_event_at = %s"]
-    params: list[Any] = [d.ts(now)]
+    now = None if d.postgres else timezone.now()
+    now_sql, now_params = d.now(at=now)
+    sets = ["last_event_seq = last_event_seq + 1", f"last_event_at = {now_sql}"]
+    params: list[Any] = [*now_params]
     for key in ("_progress_current", "_progress_total"):
         if fields.get(key) is not None:
             sql, values = _progress_sql(key[1:], fields[key])

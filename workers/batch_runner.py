@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db.models import F
-from django.utils import timezone
 
 from jobs import batches
+from jobs.clock import db_now
 from jobs.models import BatchMessage
 
 log = logging.getLogger("workers")
@@ -63,7 +63,7 @@ def run_message(flight: MessageFlight) -> str:
 def extend_visibility(message_ids: list[int], seconds: float) -> None:
     if message_ids:
         BatchMessage.objects.filter(pk__in=message_ids).update(
-            visible_after=timezone.now() + timedelta(seconds=seconds)
+            visible_after=db_now() + timedelta(seconds=seconds)
         )
 
 
@@ -75,5 +75,5 @@ def release_messages(message_ids: list[int]) -> None:
     """
     for message_id in message_ids:
         BatchMessage.objects.filter(pk=message_id, attempts__gt=0).update(
-            visible_after=timezone.now(), attempts=F("attempts") - 1
+            visible_after=db_now(), attempts=F("attempts") - 1
         )

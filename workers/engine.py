@@ -56,6 +56,7 @@ from jobs.claims import (
     complete_jobs,
     extend_leases,
 )
+from jobs.clock import check_skew, db_now
 from jobs.exceptions import LeaseLost
 from jobs.independent import independent_connection
 from jobs.logging_json import state_line_level
@@ -193,6 +194,9 @@ class JobWorker:
         self._local_operations = tuple(self._registry.names())
         self._listener: NotifyListener | None = None
         self._heartbeat = HeartbeatLoop(self._beat, interval_seconds=config.heartbeat_seconds)
+        # False while this host's clock is past CLOCK_SKEW_MAX_SECONDS from the
+        # database's (jobs.clock): checked at registration and on each heartbeat.
+        self._clock_ok = True
 
     # --- hooks ---------------------------------------------------------------
     def pre_dequeue(self) -> bool:
@@ -378,13 +382,19 @@ class JobWorker:
             "queues": list(self.config.queues),
             "concurrency": self.config.concurrency,
         }
-        with_db_retry(
-            lambda: Worker.objects.bulk_create(
-                [Worker(pk=self.id, **fields)],
+
+        def register() -> None:
+            self._clock_ok = check_skew(f"worker:{self.id}")
+            # The database's time, as every later heartbeat writes it (jobs.clock).
+            Worker.objects.bulk_create(
+                [Worker(pk=self.id, last_heartbeat=db_now(), **fields)],
                 update_conflicts=True,
                 unique_fields=["id"],
-                update_fields=list(fields),
-            ),
+                update_fields=[*fields, "last_heartbeat"],
+            )
+
+        with_db_retry(
+            register,
             what="register",
             attempts=1,
             sleep=self.guard.stopping.wait,
@@ -406,6 +416,11 @@ class JobWorker:
             if flight is not None and not flight.cancel.is_set():
                 log.warning("job.lease_lost job_id=%s (cancelled or taken over)", job_id)
                 flight.cancel.set()
+        self._clock_ok = check_skew(f"worker:{self.id}")
+
+    def _may_claim(self) -> bool:
+        """Claim this round: the host's clock is within bounds and ``pre_dequeue`` agrees."""
+        return self._clock_ok and self.pre_dequeue()
 
     # --- claiming --------------------------------------------------------------
     def _free_slots(self) -> int:
@@ -471,7 +486,7 @@ class JobWorker:
         with self._lock:
             batch, self._completions = self._completions, []
             free = self.config.concurrency - len(self._flights) + len(batch)
-        limit = free if free > 0 and self.pre_dequeue() else 0
+        limit = free if free > 0 and self._may_claim() else 0
         try:
             moved, jobs = with_db_retry(
                 lambda: complete_and_claim(
@@ -500,7 +515,7 @@ class JobWorker:
 
     def _claim_pass(self) -> int:
         free = self._free_slots()
-        if free <= 0 or not self.pre_dequeue():
+        if free <= 0 or not self._may_claim():
             return 0
         settings = self._settings()
         open_queues = [q for q in self.config.queues if not settings[q][0]]

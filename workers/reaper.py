@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
-from django.utils import timezone
 
+from jobs.clock import check_skew, db_now
 from jobs.dialect import dialect
 from jobs.metrics.rollup import prune_metric_rollups, roll_up_metrics
 from jobs.models import ScheduleFire, Worker
@@ -131,7 +131,10 @@ class Reaper:
         the caller backs off.
         """
         result = ReaperResult()
-        now = timezone.now()
+        # The database's clock (jobs.clock): schedules, sweeps and retention by
+        # it, whatever this host's clock says; the look at it checks the skew too.
+        check_skew("reaper")
+        now = db_now()
         steps = (
             ("schedules", self._schedules),
             ("leases", self._leases),

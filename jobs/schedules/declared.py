@@ -28,8 +28,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
+from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.models import Schedule
 from jobs.operations import registry
@@ -69,7 +69,7 @@ def declared_schedules() -> list[dict[str, Any]]:
 
 def sync_code_schedules(now: datetime | None = None) -> SyncResult:
     """Create, update and delete ``source = "code"`` rows to match the declarations."""
-    now = now or timezone.now()
+    now = now or db_now()
     result = SyncResult()
     names: set[str] = set()
     for values in declared_schedules():

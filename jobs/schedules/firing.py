@@ -38,8 +38,8 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Min
-from django.utils import timezone
 
+from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.enqueue import enqueue
@@ -100,7 +100,7 @@ def fire_due_schedules(now: datetime | None = None) -> FireResult:
     between. Schedules another process is firing at this moment are left to
     it (PostgreSQL), or found already advanced once their turn comes (SQLite).
     """
-    now = now or timezone.now()
+    now = now or db_now()
     result = FireResult()
     for _ in range(ROUNDS):
         due = list(
@@ -299,6 +299,6 @@ class FireTimer:
         wait = self.poll_seconds
         if earliest is not None:
             # A few milliseconds late rather than early: an early wake finds nothing due.
-            until = (earliest - timezone.now()).total_seconds() + 0.003
+            until = (earliest - db_now()).total_seconds() + 0.003
             wait = min(wait, max(until, 0.0))
         self._wake = time.monotonic() + wait

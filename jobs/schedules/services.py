@@ -18,9 +18,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from dashboard import audit
+from jobs.clock import db_now
 from jobs.exceptions import ControlPlaneError
 from jobs.models import Job, Schedule
 from jobs.schedules.definitions import (
@@ -84,7 +84,7 @@ def create_schedule(
     Its first fire is the first slot after now.
     """
     definition = check_definition(values)
-    now = now or timezone.now()
+    now = now or db_now()
     try:
         with transaction.atomic():
             schedule = Schedule.objects.create(
@@ -129,7 +129,7 @@ def update_schedule(
         for name, value in changed.items():
             setattr(schedule, name, value)
         if set(changed) & set(TIMING_FIELDS):
-            schedule.next_fire_at = after.timing.next_after(now or timezone.now())
+            schedule.next_fire_at = after.timing.next_after(now or db_now())
         schedule.save()
         _record(by, audit.SCHEDULE_UPDATE, schedule, changed=sorted(changed))
     return schedule
@@ -168,7 +168,7 @@ def resume_schedule(
         schedule = _locked(schedule_id)
         if schedule.paused:
             schedule.paused = False
-            schedule.next_fire_at = Timing.of(schedule).next_after(now or timezone.now())
+            schedule.next_fire_at = Timing.of(schedule).next_after(now or db_now())
             schedule.save(update_fields=["paused", "next_fire_at", "updated_at"])
         _record(by, audit.SCHEDULE_RESUME, schedule, reason)
     return schedule
@@ -189,10 +189,10 @@ def run_schedule_now(
     """
     with transaction.atomic():
         schedule = _locked(schedule_id)
-        fire_at = now or timezone.now()
+        fire_at = now or db_now()
         fire_id = None
         for _ in range(5):  # the same microsecond as a slot already fired: the next one
-            fire_id = claim_slot(schedule.pk, fire_at, timezone.now(), RUN_NOW)
+            fire_id = claim_slot(schedule.pk, fire_at, db_now(), RUN_NOW)
             if fire_id is not None:
                 break
             fire_at = fire_at + timedelta(microseconds=1)
