@@ -105,7 +105,14 @@ def parse_args() -> argparse.Namespace:
         "--phases",
         default="main,reference,longpoll",
         help="What to run: main (serve: the rows and the dashboard), reference (gunicorn, "
-        "daphne), longpoll.",
+        "daphne), longpoll, inprocess (CPU per request through Django's WSGI handler, "
+        "no server; not run unless named).",
+    )
+    parser.add_argument(
+        "--inprocess-requests",
+        type=int,
+        default=300,
+        help="Requests per round of the inprocess phase (CPU per request, no server).",
     )
     parser.add_argument("--refill", action="store_true", help="Rebuild the data even if present.")
     parser.add_argument("--drop", action="store_true", help="Drop the database at the end.")
@@ -857,6 +864,73 @@ def print_targets(targets: list[tuple[str, str, bool]]) -> None:
         print(f"| {name} | {measured} | {'PASS' if ok else 'FAIL'} |")
 
 
+# --- CPU per request, in this process --------------------------------------------------
+
+
+def in_process(row_list: list[Row], token: str, requests: int) -> None:
+    """CPU (this thread) and wall time per request of each row through Django's WSGI handler.
+
+    No server, no socket, no wrk: the view, its middleware and its database
+    round trips, as one web thread runs them (without the web pool: this
+    process's own connection). 30 warm-ups, then 5 rounds of ``requests``;
+    the median round. On a shared machine this is the figure that compares
+    two versions of the code: the req/s of a row move with the neighbours.
+    """
+    import io
+
+    from django.core.handlers.wsgi import WSGIHandler
+
+    app = WSGIHandler()
+    print(f"\n== in process (Django's WSGI handler, {requests} requests x 5 rounds)", flush=True)
+    for row in row_list:
+        path, _, query = row.path.partition("?")
+        body = (row.body or "").encode()
+        environ = {
+            "REQUEST_METHOD": row.method,
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": "8000",
+            "HTTP_HOST": "127.0.0.1:8000",
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(body)),
+            "wsgi.url_scheme": "http",
+            "wsgi.errors": sys.stderr,
+        }
+        if row.token:
+            environ["HTTP_AUTHORIZATION"] = f"Token {token}"
+        statuses: list[str] = []
+
+        def one(
+            statuses: list[str] = statuses, environ: dict = environ, body: bytes = body
+        ) -> None:
+            response = app(
+                {**environ, "wsgi.input": io.BytesIO(body)},
+                lambda status, headers, exc_info=None: statuses.append(status),
+            )
+            b"".join(response)
+            response.close()
+
+        for _ in range(30):
+            one()
+        rounds = []
+        for _ in range(5):
+            cpu, wall = time.thread_time(), time.perf_counter()
+            for _ in range(requests):
+                one()
+            rounds.append(
+                ((time.thread_time() - cpu) / requests, (time.perf_counter() - wall) / requests)
+            )
+        cpu_ms = statistics.median(r[0] for r in rounds) * 1000
+        wall_ms = statistics.median(r[1] for r in rounds) * 1000
+        print(
+            f"  {row.label:<38} CPU {cpu_ms:6.3f} ms  wall {wall_ms:6.3f} ms per request "
+            f"(rounds {' '.join(f'{r[0] * 1000:.2f}' for r in rounds)})  status {statuses[-1]}"
+            f"  ({load()})",
+            flush=True,
+        )
+
+
 # --- main ----------------------------------------------------------------------------
 
 
@@ -998,8 +1072,10 @@ def run(args: argparse.Namespace) -> None:
 
     from django.db import connections
 
-    connections.close_all()  # idle during the load: nothing of ours on the server
     phases = set(args.phases.split(","))
+    if "inprocess" in phases:
+        in_process(row_list, token, args.inprocess_requests)
+    connections.close_all()  # idle during the load: nothing of ours on the server
     main, dashboard = "", None
     if "main" in phases:
         main, dashboard = measure_main(ctx, env, row_list, clients)
