@@ -34,6 +34,11 @@ Ctrl-C.
 
     .venv/bin/python bench/web.py                                     # 1M jobs, 3 runs
     .venv/bin/python bench/web.py --jobs 20000 --seconds 5 --runs 1   # a quick run
+    .venv/bin/python bench/web.py --host-project                      # a user's project
+
+``--host-project`` serves a fresh ``startproject`` edited with the README's
+recipe (``bench/host_project.py``, the control plane under ``/ops/``) instead
+of ``controlplane/``, with gunicorn and daphne on that project too.
 
 gunicorn is in the ``bench`` extra (``pip install -e '.[bench]'``).
 """
@@ -114,6 +119,12 @@ def parse_args() -> argparse.Namespace:
         default=300,
         help="Requests per round of the inprocess phase (CPU per request, no server).",
     )
+    parser.add_argument(
+        "--host-project",
+        action="store_true",
+        help="Serve a fresh startproject with the README's recipe (bench/host_project.py), "
+        "mounted at /ops/, instead of controlplane/.",
+    )
     parser.add_argument("--refill", action="store_true", help="Rebuild the data even if present.")
     parser.add_argument("--drop", action="store_true", help="Drop the database at the end.")
     return parser.parse_args()
@@ -124,6 +135,36 @@ def parse_args() -> argparse.Namespace:
 _started: list[subprocess.Popen] = []  # every process this bench started, stopped at exit
 
 
+@dataclass(frozen=True)
+class Project:
+    """The Django project the servers run: this repository's, or a host made from the README."""
+
+    directory: Path = ROOT
+    settings: str = "controlplane.settings"
+    wsgi: str = "controlplane.wsgi"
+    asgi: str = "controlplane.asgi:application"
+    prefix: str = ""  # where the control plane is mounted
+
+
+PROJECT = Project()
+
+
+def use_host_project(directory: Path) -> None:
+    """Serve ``startproject`` + the README's recipe (``bench/host_project.py``) from now on."""
+    global PROJECT
+    import host_project
+
+    host_project.make_host_project(directory)
+    PROJECT = Project(
+        directory,
+        host_project.SETTINGS_MODULE,
+        host_project.WSGI_MODULE,
+        host_project.ASGI_APPLICATION,
+        host_project.PREFIX,
+    )
+    print(f"host project (startproject + README recipe) in {directory}", flush=True)
+
+
 def _interrupted(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -132,7 +173,12 @@ def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """A process in its own session (so its children can be stopped with it), logged to ``log``."""
     with log.open("ab") as out:
         popen = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=PROJECT.directory,
+            env={**env, "DJANGO_SETTINGS_MODULE": PROJECT.settings},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     _started.append(popen)
     return popen
@@ -218,7 +264,8 @@ def start_server(
     name: str, argv: list[str], env: dict[str, str], logs: Path, port: int, processes: int
 ) -> Server:
     log = logs / f"{name.split()[0]}-{port}.log"
-    server = Server(name, f"http://127.0.0.1:{port}", start(argv, env, log), log, processes)
+    url = f"http://127.0.0.1:{port}{PROJECT.prefix}"
+    server = Server(name, url, start(argv, env, log), log, processes)
     wait_until_answers(server)
     print(f"\n== {name} on {server.url} (log {log})", flush=True)
     return server
@@ -237,12 +284,12 @@ def wsgi_reference(env: dict[str, str], logs: Path) -> Server:
     port = free_port()
     if importlib.util.find_spec("gunicorn"):  # names in WSGI_NAMES
         argv = [sys.executable, "-m", "gunicorn", "-w", "4", "--threads", "4"]
-        argv += ["-b", f"127.0.0.1:{port}", "controlplane.wsgi"]
-        name, processes = "gunicorn -w 4 --threads 4 controlplane.wsgi", 4
+        argv += ["-b", f"127.0.0.1:{port}", PROJECT.wsgi]
+        name, processes = f"gunicorn -w 4 --threads 4 {PROJECT.wsgi}", 4
     else:
         argv = [sys.executable, "-m", "uvicorn", "--interface", "wsgi", "--workers", "2"]
-        argv += ["--port", str(port), "--no-access-log", "controlplane.wsgi:application"]
-        name, processes = "uvicorn --interface wsgi --workers 2 controlplane.wsgi", 2
+        argv += ["--port", str(port), "--no-access-log", f"{PROJECT.wsgi}:application"]
+        name, processes = f"uvicorn --interface wsgi --workers 2 {PROJECT.wsgi}", 2
     return start_server(name, argv, env, logs, port, processes)
 
 
@@ -252,8 +299,8 @@ WSGI_NAMES = ("gunicorn", "uvicorn")  # the first word of the WSGI reference's n
 def daphne(env: dict[str, str], logs: Path) -> Server:
     port = free_port()
     argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-    argv += ["controlplane.asgi:application"]
-    return start_server("daphne controlplane.asgi:application", argv, env, logs, port, 1)
+    argv += [PROJECT.asgi]
+    return start_server(f"daphne {PROJECT.asgi}", argv, env, logs, port, 1)
 
 
 # --- connections ---------------------------------------------------------------------
@@ -1063,6 +1110,8 @@ def run(args: argparse.Namespace) -> None:
     token, job_id, last = prepare(args)
     logs = Path(tempfile.mkdtemp(prefix="bench-web-"))
     print(f"logs and wrk scripts in {logs}", flush=True)
+    if args.host_project:
+        use_host_project(logs / "host")
     env = child_env(url, logs / "static")
     row_list = rows(job_id, last)
     ctx = Context(args, url, {r.key: lua_script(r, token, logs) for r in row_list}, logs)
