@@ -23,13 +23,16 @@ from dashboard.db import Count, bounded_reads, cap, capped_count
 from dashboard.filters import JobFilters
 from dashboard.permissions import actor_name
 from dashboard.selectors import live_worker_ids
+from jobs import operator_actions
 from jobs.exceptions import ControlPlaneError, JobNotFound
-from jobs.models import Job, Queue
+from jobs.models import Job
+from jobs.operator_actions import set_concurrency_cap as set_concurrency_cap
+from jobs.operator_actions import set_paused as set_paused
+from jobs.operator_actions import set_rate_limit as set_rate_limit
 from jobs.rescheduling import NotWaiting, run_job_now
 from jobs.selectors import JobCursor, after_cursor
 from jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL
-from jobs.transitions import cancel_job, cancel_jobs, requeue_job, retry_job, retry_jobs
-from jobs.wakeups import notify_queues
+from jobs.transitions import cancel_jobs, requeue_job, retry_jobs
 
 ACTIONS: dict[str, tuple[str, ...]] = {
     "cancel": (QUEUED.value, RUNNING.value),
@@ -47,29 +50,12 @@ def normalise_reason(reason: str | None) -> str:
 
 def cancel_one(job_id: uuid.UUID, *, user: Any, reason: str = "") -> bool:
     """Cancel a queued or running job (and its descendants). False if it had already ended."""
-    reason = normalise_reason(reason)
-    with transaction.atomic():
-        changed = cancel_job(job_id, by=actor_name(user), reason=reason or None)
-        audit.record_action(
-            user, audit.CANCEL, target=str(job_id), count=int(changed), reason=reason
-        )
-    return changed
+    return operator_actions.cancel_job(job_id, user=user, reason=reason)
 
 
 def retry_one(job_id: uuid.UUID, *, user: Any, reason: str = "") -> bool:
     """Put a failed or cancelled job back on its queue. False if it was not retryable."""
-    reason = normalise_reason(reason)
-    with transaction.atomic():
-        try:
-            with transaction.atomic():  # a refused retry must not undo the audit row
-                retry_job(job_id, by=actor_name(user), reason=reason or None)
-            changed = True
-        except ControlPlaneError:
-            changed = False
-        audit.record_action(
-            user, audit.RETRY, target=str(job_id), count=int(changed), reason=reason
-        )
-    return changed
+    return operator_actions.retry_job(job_id, user=user, reason=reason)
 
 
 def requeue_orphan(job_id: uuid.UUID, *, user: Any) -> bool:
@@ -331,52 +317,6 @@ def run_bulk(plan: BulkPlan, *, user: Any, reason: str = "") -> int:
 
 
 # --- queues --------------------------------------------------------------------
-
-
-def set_paused(name: str, paused: bool, *, user: Any = None) -> Queue:
-    """Pause or resume claiming on a queue (creating its settings row on first use)."""
-    with transaction.atomic():
-        queue, _ = Queue.objects.update_or_create(
-            name=name,
-            defaults={"paused": paused},
-            create_defaults={"paused": paused, "kind": Queue.default_kind(name)},
-        )
-        audit.record_action(user, audit.PAUSE if paused else audit.RESUME, target=name)
-    if not paused:
-        notify_queues([name])  # waiting workers claim at once instead of at their next poll
-    return queue
-
-
-def set_concurrency_cap(name: str, value: int | None, *, user: Any = None) -> Queue:
-    """Set (or clear, with None) the most jobs of a queue running at once."""
-    with transaction.atomic():
-        queue, _ = Queue.objects.update_or_create(
-            name=name,
-            defaults={"concurrency_cap": value},
-            create_defaults={"concurrency_cap": value, "kind": Queue.default_kind(name)},
-        )
-        audit.record_action(user, audit.SET_CAP, target=name, filters={"concurrency_cap": value})
-    return queue
-
-
-def set_rate_limit(name: str, value: float | None, *, user: Any = None) -> Queue:
-    """Set (or clear, with None) the most jobs of a queue started per second, cluster-wide.
-
-    The bucket keeps its tokens: a lower limit caps them at its own burst on
-    the next claim (``jobs.rate_limits``).
-    """
-    with transaction.atomic():
-        queue, _ = Queue.objects.update_or_create(
-            name=name,
-            defaults={"rate_limit_per_second": value},
-            create_defaults={"rate_limit_per_second": value, "kind": Queue.default_kind(name)},
-        )
-        audit.record_action(
-            user, audit.SET_RATE_LIMIT, target=name, filters={"rate_limit_per_second": value}
-        )
-    if value is None:
-        notify_queues([name])  # workers holding off for a token claim at once
-    return queue
 
 
 def parse_cap(raw: str) -> int | None:

@@ -1,45 +1,74 @@
-"""The operators' audit log: one ``OperatorAction`` row per dashboard action.
+"""The audit log as the dashboard shows it: labels and rows of ``OperatorAction``.
 
-Every action the dashboard offers (cancel, retry, bulk cancel/retry, pause,
-resume, concurrency cap, rate limit, orphan requeue) writes a row naming who did it, to
-what, how many jobs changed and why, in the same transaction as the change
-where the change is a single write. Job timelines already carry ``by`` on
-their events; this log also covers queue settings, which have no timeline,
-and records a bulk action once, with the filter it used.
+The rows are written by ``jobs.audit`` (one service for every face: API,
+dashboard, admin, ``jobs`` command); its names are re-exported here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from django.db.models import QuerySet
 
-from dashboard.permissions import actor_name
+from jobs.audit import (
+    ADMIN_CHANGE,
+    APPLY_SETTINGS,
+    BULK_CANCEL,
+    BULK_RETRY,
+    CANCEL,
+    DECLARE_OPERATION,
+    DISCARD,
+    ENQUEUE,
+    PAUSE,
+    PURGE,
+    REDECLARE_OPERATION,
+    REQUEUE_ORPHAN,
+    RESUME,
+    RETRY,
+    RUN_NOW,
+    SCHEDULE_CREATE,
+    SCHEDULE_DELETE,
+    SCHEDULE_PAUSE,
+    SCHEDULE_RESUME,
+    SCHEDULE_RUN,
+    SCHEDULE_UPDATE,
+    SET_CAP,
+    SET_RATE_LIMIT,
+    record_action,
+)
 from jobs.models import OperatorAction
 
-CANCEL = "cancel"
-RETRY = "retry"
-BULK_CANCEL = "bulk_cancel"
-BULK_RETRY = "bulk_retry"
-PAUSE = "pause"
-RESUME = "resume"
-SET_CAP = "set_cap"
-SET_RATE_LIMIT = "set_rate_limit"
-APPLY_SETTINGS = "queue_settings"  # CONTROLPLANE["QUEUES"] applied at start (jobs.queue_limits)
-REQUEUE_ORPHAN = "requeue_orphan"
-PURGE = "purge"  # manage.py jobs purge
-RUN_NOW = "run_now"
-DISCARD = "discard"  # target: the deleted job's id; filter: what it was
-ENQUEUE = "enqueue"  # the operations page's form
-# Schedules (jobs.schedules.services): target is the schedule's name, filter its id.
-SCHEDULE_CREATE = "schedule_create"
-SCHEDULE_UPDATE = "schedule_update"
-SCHEDULE_DELETE = "schedule_delete"
-SCHEDULE_PAUSE = "schedule_pause"
-SCHEDULE_RESUME = "schedule_resume"
-SCHEDULE_RUN = "schedule_run"
+__all__ = [
+    "ADMIN_CHANGE",
+    "APPLY_SETTINGS",
+    "BULK_CANCEL",
+    "BULK_RETRY",
+    "CANCEL",
+    "DECLARE_OPERATION",
+    "DISCARD",
+    "ENQUEUE",
+    "LABELS",
+    "PAUSE",
+    "PURGE",
+    "REDECLARE_OPERATION",
+    "REQUEUE_ORPHAN",
+    "RESUME",
+    "RETRY",
+    "RUN_NOW",
+    "SCHEDULE_CREATE",
+    "SCHEDULE_DELETE",
+    "SCHEDULE_PAUSE",
+    "SCHEDULE_RESUME",
+    "SCHEDULE_RUN",
+    "SCHEDULE_UPDATE",
+    "SET_CAP",
+    "SET_RATE_LIMIT",
+    "ActionRow",
+    "record_action",
+    "recent_actions",
+    "recent_rows",
+]
 
 LABELS = {
     CANCEL: "Cancelled",
@@ -62,29 +91,10 @@ LABELS = {
     SCHEDULE_PAUSE: "Schedule paused",
     SCHEDULE_RESUME: "Schedule resumed",
     SCHEDULE_RUN: "Schedule run now",
+    DECLARE_OPERATION: "Operation declared",
+    REDECLARE_OPERATION: "Operation redeclared",
+    ADMIN_CHANGE: "Changed in the admin",
 }
-
-
-def record_action(
-    user: Any,
-    action: str,
-    *,
-    target: str = "",
-    count: int = 0,
-    filters: dict[str, Any] | None = None,
-    reason: str = "",
-) -> OperatorAction:
-    """Write one audit row. ``user`` may be None (a script); the name is copied either way."""
-    authenticated = user is not None and getattr(user, "is_authenticated", False)
-    return OperatorAction.objects.create(
-        user=user if authenticated else None,
-        username=actor_name(user)[:150],
-        action=action,
-        target=str(target)[:255],
-        count=int(count),
-        filter=filters or {},
-        reason=(reason or "")[:2000],
-    )
 
 
 def recent_actions(limit: int = 20) -> QuerySet[OperatorAction]:

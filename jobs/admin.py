@@ -369,7 +369,7 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
         ),
         (
             "Lease and progress",
-            {"fields": ("worker_link", "leased_until", "lease_token", "progress")},
+            {"fields": ("worker_link", "leased_until", "lease_token_hint", "progress")},
         ),
         ("Family", {"fields": ("parent", "children", ("unique_key", "unique_while"))}),
     )
@@ -394,6 +394,13 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
         return queryset, False
 
     # --- read-only fields --------------------------------------------------------
+
+    @admin.display(description="lease token")
+    def lease_token_hint(self, job: Job) -> str:
+        """Its last 4 characters only: with the whole token anyone reading this page
+        could report on the running job in its worker's place."""
+        token = str(job.lease_token) if job.lease_token else ""
+        return f"…{token[-4:]}" if token else "-"
 
     @admin.display(description="attempts")
     def tries(self, job: Job) -> str:
@@ -529,7 +536,8 @@ class WorkerAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
 @admin.register(Queue)
 class QueueAdmin(ViewerMixin, admin.ModelAdmin):
-    """Queue settings; pause, resume and caps go through the dashboard's audited functions."""
+    """Queue settings; pause, resume and caps go through the audited services
+    (``jobs.operator_actions``), and a queue added here is audited too."""
 
     list_display = ("name", "kind", "paused", "concurrency_cap", "updated_at")
     list_filter = ("kind", "paused")
@@ -539,8 +547,10 @@ class QueueAdmin(ViewerMixin, admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
-        # The name is the primary key: renaming would leave the old row behind.
-        return ("name", "updated_at") if obj is not None else ("updated_at",)
+        # The name is the primary key: renaming would leave the old row behind. The kind
+        # follows the name (Queue.default_kind), as the API has it: flipping it would
+        # hand a queue's jobs to the other kind of worker.
+        return ("name", "kind", "updated_at") if obj is not None else ("kind", "updated_at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return _can_act(request)
@@ -552,18 +562,31 @@ class QueueAdmin(ViewerMixin, admin.ModelAdmin):
         return False  # deleting a row would unpause and uncap its queue without an audit entry
 
     def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
-        from dashboard import actions as dashboard_actions
+        from jobs import audit, operator_actions
 
         changed = set(form.changed_data)
         others = sorted(changed - {"paused", "concurrency_cap"})
-        if not change:
-            obj.save()
-        elif others:
-            obj.save(update_fields=[*others, "updated_at"])
+        with transaction.atomic():
+            if not change:
+                obj.kind = Queue.default_kind(obj.name)
+                obj.save()
+            elif others:
+                obj.save(update_fields=[*others, "updated_at"])
+            if not change or others:
+                audit.record_action(
+                    request.user,
+                    audit.ADMIN_CHANGE,
+                    target=obj.name,
+                    filters={
+                        "model": "queue",
+                        "created": not change,
+                        **{f: getattr(obj, f) for f in ("kind", "paused", "concurrency_cap")},
+                    },
+                )
         if "paused" in changed:
-            dashboard_actions.set_paused(obj.name, obj.paused, user=request.user)
+            operator_actions.set_paused(obj.name, obj.paused, user=request.user)
         if "concurrency_cap" in changed:
-            dashboard_actions.set_concurrency_cap(obj.name, obj.concurrency_cap, user=request.user)
+            operator_actions.set_concurrency_cap(obj.name, obj.concurrency_cap, user=request.user)
 
     @admin.action(permissions=["change"], description="Pause the selected queues")
     def pause_queues(self, request: HttpRequest, queryset: QuerySet) -> None:
@@ -574,11 +597,11 @@ class QueueAdmin(ViewerMixin, admin.ModelAdmin):
         self._set_paused(request, queryset, paused=False)
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet, *, paused: bool) -> None:
-        from dashboard import actions as dashboard_actions
+        from jobs import operator_actions
 
         names = list(queryset.values_list("name", flat=True))
         for name in names:
-            dashboard_actions.set_paused(name, paused, user=request.user)
+            operator_actions.set_paused(name, paused, user=request.user)
         verb = "Paused" if paused else "Resumed"
         self.message_user(request, f"{verb} {len(names)} queue{'s' if len(names) != 1 else ''}.")
 

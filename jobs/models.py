@@ -350,13 +350,19 @@ class RemoteOperation(models.Model):
     deleted = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # The account that first declared it (jobs.remote.workers): only it (or a
+    # superuser) may declare it again or serve it. NULL: declared before owners
+    # were kept; the next account to declare it becomes its owner.
+    owner = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     def __str__(self) -> str:
         return self.name
 
 
 class OperatorAction(models.Model):
-    """The dashboard's audit log: who did what to which jobs or queues, and why.
+    """The operators' audit log (``jobs.audit``): who did what to which jobs or queues, and why.
 
     ``username`` is copied at write time so the entry still names its author
     after the user is deleted (``user`` then becomes NULL).

@@ -62,7 +62,10 @@ def check_rate(value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise LimitError(RATE_RULE)
-    rate = float(value)
+    try:
+        rate = float(value)
+    except OverflowError:  # a JSON integer of hundreds of digits
+        raise LimitError(RATE_RULE) from None
     if not math.isfinite(rate) or not 0 < rate <= MAX_RATE:
         raise LimitError(RATE_RULE)
     return rate

@@ -15,7 +15,9 @@ never calls ``handler404``).
 from __future__ import annotations
 
 import logging
+import re
 import sys
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -189,18 +191,49 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
     return defaults.page_not_found(request, exception)
 
 
-def handler500(request: HttpRequest) -> HttpResponse:
-    """An unexpected error under the API answers JSON without a traceback.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
-    A full connection pool or database met before any view ran (a session
-    read in middleware) is no bug: that is a 503 with Retry-After.
+
+def request_id(request: HttpRequest) -> str:
+    """The client's or proxy's ``X-Request-ID`` when it is a plain token, else a new one."""
+    given = request.headers.get("X-Request-ID", "")
+    return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    """An unexpected error: logged with a request id, answered without a traceback.
+
+    The log line (``jobs.api``, ERROR, with the traceback) names the request
+    id, and so do the answer's ``X-Request-ID`` header and, under the API,
+    its message, so an operator can find the traceback a client reports;
+    Django's own ``django.request`` logger reaches no handler while DEBUG is
+    off. A full connection pool or database met before any view ran (a
+    session read in middleware) is no bug: that is a 503 with Retry-After.
     """
-    unavailable = response_for_unavailable(request, sys.exc_info()[1])
+    error = sys.exc_info()[1]
+    unavailable = response_for_unavailable(request, error)
     if unavailable is not None:
         return unavailable
+    rid = request_id(request)
+    logger.error(
+        "Internal server error on %s %s (request id %s): %s",
+        request.method,
+        request.path,
+        rid,
+        type(error).__name__ if error is not None else "unknown error",
+        exc_info=error is not None,
+        extra={"request_id": rid},
+    )
+    response: HttpResponse
     if is_api_path(request.path):
-        return JsonResponse(
-            error_body("The server failed to handle this request; the error has been logged."),
+        response = JsonResponse(
+            error_body(
+                "The server failed to handle this request; the error has been logged "
+                f"with request id {rid}."
+            ),
             status=500,
         )
-    return defaults.server_error(request)
+    else:
+        response = defaults.server_error(request)
+    response["X-Request-ID"] = rid
+    return response

@@ -9,8 +9,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from dashboard import actions as operator_actions
-from jobs import selectors
+from jobs import operator_actions, selectors
 from jobs.api import actions
 from jobs.api.base import QUEUE_NAME, ApiView, bounded, error_responses
 from jobs.api.defaults import extend_schema
@@ -63,7 +62,7 @@ class QueueDetailView(ApiView):
     def patch(self, request: Request, name: str) -> Response:
         name = _queue_name(name)
         changes = _limits(self.body(request), name)
-        # The dashboard's functions: the same writes and the same audit rows.
+        # The domain services every face uses: the same writes and the same audit rows.
         with transaction.atomic():
             if "concurrency_cap" in changes:
                 operator_actions.set_concurrency_cap(
@@ -123,7 +122,7 @@ class QueuePauseView(ApiView):
         responses={200: QueueSerializer, **error_responses(400, 401, 403)},
     )
     def post(self, request: Request, name: str) -> Response:
-        actions.set_queue_paused(_queue_name(name), self.paused)
+        actions.set_queue_paused(_queue_name(name), self.paused, user=request.user)
         return Response(_queue_json(selectors.queue_detail(name)))
 
 

@@ -97,6 +97,25 @@ def schedule_json(schedule: Schedule, history: list[FireRow] | None = None) -> d
     return ScheduleDetailSerializer(data).data
 
 
+class NumberField(serializers.FloatField):
+    """A JSON number only: DRF's ``FloatField`` would take ``true`` as 1 and ``"3600"``
+    as 3600, and raise ``OverflowError`` (a 500) on an integer of hundreds of digits."""
+
+    default_error_messages = {
+        **serializers.FloatField.default_error_messages,
+        "number": "Give a JSON number, not a string or a boolean.",
+    }
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("number")
+        try:
+            return super().to_internal_value(data)
+        except OverflowError:
+            self.fail("invalid")
+            raise  # unreachable: fail() raises
+
+
 class _ScheduleFields(StrictSerializer):
     payload = serializers.JSONField(
         required=False, help_text="A JSON object checked against the operation's schema."
@@ -109,7 +128,7 @@ class _ScheduleFields(StrictSerializer):
         help_text="5 fields, or 6 with seconds first ('*/10 * * * * *'). Exclusive with "
         "every_seconds.",
     )
-    every_seconds = serializers.FloatField(
+    every_seconds = NumberField(
         required=False, allow_null=True, help_text="1 to 31622400; aligned to the Unix epoch."
     )
     queue = serializers.CharField(

@@ -23,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 
-from jobs import replica, selectors
+from jobs import operator_actions, replica, selectors
 from jobs.api import actions, remote_views
 from jobs.api.base import (
     FILTER_PARAMETERS,
@@ -53,7 +53,6 @@ from jobs.api.serializers import (
 )
 from jobs.enqueue import enqueue
 from jobs.selectors.timeouts import bounded_reads, is_timeout
-from jobs.transitions import cancel_job, retry_job
 
 # As ``jobs.api.base.bounded`` answers a read past the statement timeout.
 TIMEOUT_MESSAGE = (
@@ -303,7 +302,7 @@ class JobCancelView(ApiView):
     def post(self, request: Request, job_id: str) -> Response:
         pk = self.job_id(job_id)
         reason = self._reason(request)
-        cancel_job(pk, by=self.actor(request), reason=reason)
+        operator_actions.cancel_job(pk, user=request.user, reason=reason)
         return Response(JobSerializer(self.job_or_404(str(pk))).data)
 
     def _reason(self, request: Request) -> str | None:
@@ -323,7 +322,9 @@ class JobRetryView(JobCancelView):
     )
     def post(self, request: Request, job_id: str) -> Response:
         pk = self.job_id(job_id)
-        retry_job(pk, by=self.actor(request), reason=self._reason(request))
+        operator_actions.retry_job(
+            pk, user=request.user, reason=self._reason(request), refusal=True
+        )
         return Response(JobSerializer(self.job_or_404(str(pk))).data)
 
 
@@ -348,7 +349,7 @@ class BulkActionView(ApiView):
                 }
             )
         reason = serializer.validated_data.get("reason") or None
-        changed = self.bulk_action(filters, by=self.actor(request), reason=reason)
+        changed = self.bulk_action(filters, user=request.user, reason=reason)
         return Response({"changed": changed})
 
 

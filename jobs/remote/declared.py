@@ -17,9 +17,11 @@ heartbeat itself, which stays two queries.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Iterable
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.utils import timezone
 
 from jobs.conf import knob
@@ -28,6 +30,8 @@ from jobs.models import RemoteOperation, Worker, WorkerKind
 
 __all__ = [
     "DeclarationExpired",
+    "may_serve_local",
+    "remotely_servable",
     "UndeclaredOperation",
     "alive_since",
     "enqueueable",
@@ -39,6 +43,24 @@ __all__ = [
     "seen_at",
     "served_operations",
 ]
+
+
+def may_serve_local() -> bool:
+    """``REMOTE_MAY_SERVE_LOCAL`` (default False): whether remote workers may serve
+    local and built-in operations (``ping``, the host's ``@operation`` functions)."""
+    raw = os.environ.get("CONTROLPLANE_REMOTE_MAY_SERVE_LOCAL")
+    if raw:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    return bool((getattr(settings, "CONTROLPLANE", {}) or {}).get("REMOTE_MAY_SERVE_LOCAL", False))
+
+
+def remotely_servable(names: Iterable[str]) -> list[str]:
+    """``names`` less the local operations, unless remote workers may serve those."""
+    if may_serve_local():
+        return list(names)
+    from jobs.operations import registry
+
+    return [name for name in names if name not in registry]
 
 
 def grace_seconds() -> float:

@@ -51,3 +51,51 @@ class LeaseNotYours(RemoteRequestError):
             "this account's own worker.",
             {"lease_token": ["This lease belongs to a worker of another account."]},
         )
+
+
+class OperationOwned(RemoteRequestError):
+    """Another account declared these operations first; nothing was registered or changed.
+
+    The account that first declares a remote operation owns it: only it (or a
+    superuser) may declare it again, identically or not, or serve it. Another
+    account serving an operation it does not own could claim its jobs and
+    complete them with forged results.
+    """
+
+    status_code = 409
+
+    def __init__(self, owned: Sequence[tuple[int, str, str]]) -> None:
+        """``owned``: (index in ``operations``, name, owner's username) of each refused one."""
+        named = ", ".join(f"{name!r} (owner: {owner})" for _, name, owner in owned)
+        super().__init__(
+            f"The worker was not registered: {named} "
+            f"{'is' if len(owned) == 1 else 'are'} declared by another account, which owns "
+            f"{'it' if len(owned) == 1 else 'them'}. Only the owner or an administrator may "
+            "declare or serve an operation; choose another name, or register with the "
+            "owner's account.",
+            {
+                f"operations.{index}.name": [f"Operation {name!r} is owned by {owner}."]
+                for index, name, owner in owned
+            },
+        )
+
+
+class LocalOperationRefused(RemoteRequestError):
+    """The registration names local or built-in operations, which remote workers do not serve."""
+
+    status_code = 403
+
+    def __init__(self, refused: Sequence[tuple[int, str]]) -> None:
+        """``refused``: (index in ``operations``, name) of each local operation named."""
+        names = [name for _, name in refused]
+        listed = ", ".join(repr(n) for n in names)
+        super().__init__(
+            f"The worker was not registered: {listed} "
+            f"{'is a local operation' if len(names) == 1 else 'are local operations'} "
+            "(built in or defined in this project), which remote workers may not serve "
+            "unless REMOTE_MAY_SERVE_LOCAL is set. Declare operations of your own.",
+            {
+                f"operations.{index}.name": ["Local operations are not served remotely."]
+                for index, _ in refused
+            },
+        )

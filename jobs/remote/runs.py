@@ -30,6 +30,7 @@ from jobs.conf import knob
 from jobs.exceptions import UnstorableValue
 from jobs.models import Job, Queue, QueueKind, Worker
 from jobs.rate_limits import TokenWaits, claim_rate_limited
+from jobs.remote.declared import remotely_servable
 from jobs.remote.errors import LeaseNotYours, RemoteRequestError
 from jobs.remote.workers import get_remote_worker, held_by_other_accounts
 from jobs.states import CANCELLED, RUNNING, Status
@@ -139,6 +140,9 @@ def _open_job_queues(worker: Worker) -> _OpenQueues:
 def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
     """Claim up to ``limit`` jobs; a rate-limited queue whose bucket is known empty is skipped
     without a query until its next token is due (``token_waits``)."""
+    operations = remotely_servable(worker.operations)  # never a local job, unless allowed
+    if not operations:
+        return []
     found = _open_job_queues(worker)
     uncapped, capped = found.uncapped, found.capped
     limited = {q: v for q, v in found.limited.items() if token_waits.ready(q, rate=v[0])}
@@ -149,7 +153,7 @@ def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
     if not Job.objects.filter(
         status=Status.QUEUED,
         queue__in=queues,
-        operation__in=worker.operations,
+        operation__in=operations,
         run_after__lte=timezone.now(),
     ).exists():
         return []
@@ -160,7 +164,7 @@ def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
             worker_id=worker.pk,
             limit=limit,
             lease_seconds=lease,
-            operations=worker.operations,
+            operations=operations,
         )
         if uncapped
         else []
@@ -173,7 +177,7 @@ def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
             worker_id=worker.pk,
             limit=limit - len(claimed),
             lease_seconds=lease,
-            operations=worker.operations,
+            operations=operations,
             cap=cap,
         )
     for queue, (rate, rate_queue_cap) in limited.items():
@@ -184,7 +188,7 @@ def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
             worker_id=worker.pk,
             limit=limit - len(claimed),
             lease_seconds=lease,
-            operations=worker.operations,
+            operations=operations,
             cap=rate_queue_cap,
         )
         if result.retry_in is not None:

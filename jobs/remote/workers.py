@@ -14,17 +14,32 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from jobs import audit
 from jobs.conf import knob
 from jobs.exceptions import IllegalTransition, LeaseLost
 from jobs.models import Job, RemoteOperation, Worker, WorkerKind
 from jobs.operations import registry, schema_problem
-from jobs.remote.declared import alive_since, in_grace, mark_seen, newest_heartbeats, seen_at
-from jobs.remote.errors import LeaseNotYours, RemoteRequestError, WorkerNotFound
+from jobs.remote.declared import (
+    alive_since,
+    in_grace,
+    mark_seen,
+    may_serve_local,
+    newest_heartbeats,
+    seen_at,
+)
+from jobs.remote.errors import (
+    LeaseNotYours,
+    LocalOperationRefused,
+    OperationOwned,
+    RemoteRequestError,
+    WorkerNotFound,
+)
 from jobs.states import ACTIVE, CANCELLED, RUNNING
 from jobs.storable import text_problem
 from jobs.transitions import requeue_job
@@ -183,6 +198,95 @@ def _queue_of(declaration: Declaration) -> str:
     return row or "default"
 
 
+def _refuse_local(entries: Sequence[Any]) -> None:
+    """``LocalOperationRefused`` (403) for local operations, unless ``REMOTE_MAY_SERVE_LOCAL``."""
+    if may_serve_local() or not isinstance(entries, (list, tuple)):
+        return
+    refused = []
+    for index, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, dict) else entry
+        if isinstance(name, str) and name in registry:
+            refused.append((index, name))
+    if refused:
+        raise LocalOperationRefused(refused)
+
+
+def _refuse_foreign(
+    declarations: Sequence[Declaration], rows: dict[str, RemoteOperation], user: Any
+) -> None:
+    """``OperationOwned`` (409) for operations another account owns, declared or only named.
+
+    Identical declarations are refused too: serving an operation is what lets
+    an account claim its jobs and report their results. A superuser may
+    declare or serve any operation (the owner stays).
+    """
+    if getattr(user, "is_superuser", False):
+        return
+    owned = [
+        (index, d.name, row.owner.get_username())
+        for index, d in enumerate(declarations)
+        if (row := rows.get(d.name)) is not None
+        and row.owner is not None
+        and row.owner_id != user.pk
+    ]
+    if owned:
+        raise OperationOwned(owned)
+
+
+def _definition(row: RemoteOperation) -> dict[str, Any]:
+    return {
+        "queue": row.queue,
+        "payload_schema": row.payload_schema,
+        "max_attempts": row.max_attempts,
+    }
+
+
+def _declare(
+    d: Declaration, row: RemoteOperation | None, *, user: Any, now: datetime
+) -> RemoteOperation:
+    """Create or update the declared operation; the first account to declare it owns it.
+
+    A new definition (queue, schema, attempts) or a new owner writes an audit row.
+    """
+    definition = {
+        "queue": d.queue or "default",
+        "payload_schema": d.payload_schema or {"type": "object"},
+        "max_attempts": d.max_attempts or 1,
+    }
+    owner = user if getattr(user, "is_authenticated", False) else None
+    if row is None:
+        row = RemoteOperation.objects.create(
+            name=d.name, deleted=False, updated_at=now, owner=owner, **definition
+        )
+        audit.record_action(
+            user,
+            audit.DECLARE_OPERATION,
+            target=d.name,
+            filters={**definition, "owner": owner.get_username() if owner else None},
+        )
+        return row
+    before = _definition(row)
+    claims = row.owner_id is None and owner is not None
+    row.deleted, row.updated_at = False, now
+    for field, value in definition.items():
+        setattr(row, field, value)
+    if claims:
+        row.owner = owner
+    row.save(update_fields=["deleted", "updated_at", "owner", *definition])
+    if before != definition or claims:
+        audit.record_action(
+            user,
+            audit.REDECLARE_OPERATION,
+            target=d.name,
+            filters={
+                **definition,
+                "previous": before,
+                "owner": row.owner.get_username() if row.owner else None,
+            },
+        )
+    return row
+
+
 def register_worker(
     *,
     user: Any,
@@ -198,6 +302,7 @@ def register_worker(
     ``queues`` defaults to the queues of its operations. The upserts and the
     new row commit together, locked against a concurrent orphan sweep.
     """
+    _refuse_local(operations)
     declarations = parse_declarations(operations)
     if queues is not None:
         if not isinstance(queues, (list, tuple)):
@@ -235,14 +340,16 @@ def register_worker(
     now = timezone.now()
     with transaction.atomic():
         names = [d.name for d in declarations]
-        list(RemoteOperation.objects.select_for_update().filter(name__in=names).values_list("pk"))
+        rows = {
+            row.name: row
+            for row in RemoteOperation.objects.select_for_update(of=("self",))
+            .filter(name__in=names)
+            .select_related("owner")
+        }
+        _refuse_foreign(declarations, rows, user)
         for d in declarations:
             if d.declared:
-                defaults: dict[str, Any] = {"deleted": False, "updated_at": now}
-                defaults["queue"] = d.queue or "default"
-                defaults["payload_schema"] = d.payload_schema or {"type": "object"}
-                defaults["max_attempts"] = d.max_attempts or 1
-                RemoteOperation.objects.update_or_create(name=d.name, defaults=defaults)
+                _declare(d, rows.get(d.name), user=user, now=now)
             elif d.name not in registry:
                 RemoteOperation.objects.filter(name=d.name, deleted=True).update(
                     deleted=False, updated_at=now

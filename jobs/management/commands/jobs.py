@@ -34,13 +34,12 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from dashboard import actions as operator_actions
-from dashboard import audit
-from jobs import selectors
-from jobs.api.actions import BULK_BATCH_SIZE
+from jobs import audit, selectors
 from jobs.api.serializers import EventSerializer, JobDetailSerializer, JobSerializer
 from jobs.conf import knob
 from jobs.management import jobs_cli as cli
 from jobs.models import Job, JobEvent
+from jobs.operator_actions import BULK_BATCH_SIZE
 from jobs.states import TERMINAL
 from jobs.transitions import cancel_jobs, retry_jobs
 

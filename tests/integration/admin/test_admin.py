@@ -273,7 +273,29 @@ def test_a_new_queue_row_is_audited_too(operator_client: Client) -> None:
     )
     assert response.status_code == 302
     assert Queue.objects.get(name="admin-new").paused
-    assert OperatorAction.objects.get().action == "pause"
+    actions = list(OperatorAction.objects.order_by("id").values_list("action", "target"))
+    assert actions == [("admin_change", "admin-new"), ("pause", "admin-new")]
+    assert OperatorAction.objects.get(action="admin_change").filter["created"] is True
+
+
+def test_a_queue_kind_is_read_only_in_the_admin(operator_client: Client) -> None:
+    dashboard_actions.set_paused("admin-kind", False, user=None)
+    change = url(Queue, "change", "admin-kind")
+    response = operator_client.post(change, {"kind": "batch", "paused": "on"})
+    assert response.status_code == 302
+    queue = Queue.objects.get(name="admin-kind")
+    assert (queue.kind, queue.paused) == ("job", True)
+    actions = OperatorAction.objects.order_by("id").values_list("action", flat=True)
+    assert list(actions) == ["resume", "pause"]  # the kind was never part of the change
+
+
+def test_a_running_jobs_lease_token_is_masked(superuser_client: Client) -> None:
+    from tests.integration.foundation.helpers import running
+
+    job, _ = running()
+    page = superuser_client.get(url(Job, "change", job.pk)).content.decode()
+    token = str(Job.objects.get(pk=job.pk).lease_token)
+    assert token not in page and token[-4:] in page
 
 
 def test_a_viewer_cannot_change_queues(viewer_client: Client) -> None:

@@ -116,6 +116,14 @@ def assert_error_shape(response, status: int) -> dict[str, Any]:
 # --- the remote-worker protocol, driven through the same client --------------------
 
 
+@pytest.fixture(autouse=True)
+def remote_may_serve_local(settings) -> None:
+    """These tests drive the protocol with the built-in ``ping``, which remote workers
+    serve only when ``REMOTE_MAY_SERVE_LOCAL`` is set (test_operation_owners checks the
+    default)."""
+    settings.CONTROLPLANE = {**(settings.CONTROLPLANE or {}), "REMOTE_MAY_SERVE_LOCAL": True}
+
+
 def register_worker(api: Api, operations: list[str] | None = None) -> str:
     """Register a remote worker for ``operations`` (default ``ping``); return its id."""
     response = api.post("/workers", {"name": "w", "operations": operations or ["ping"]})

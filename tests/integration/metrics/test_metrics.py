@@ -325,7 +325,9 @@ def test_live_gauges(api_for, burst, settings):
     queue = unique_queue()
     enqueue("ping", {}, queue=queue, run_after=timezone.now() - timedelta(seconds=30))
     enqueue("ping", {}, queue=queue, run_after=timezone.now() + timedelta(hours=1))
-    # A remote worker serving ping (queue default) is alive.
+    # A remote worker serving ping (queue default) is alive: a local operation, which
+    # remote workers serve only with REMOTE_MAY_SERVE_LOCAL.
+    settings.CONTROLPLANE = {**(settings.CONTROLPLANE or {}), "REMOTE_MAY_SERVE_LOCAL": True}
     remote = api_for("remote")
     assert remote.post("/workers", {"name": "w", "operations": ["ping"]}).status_code == 201
     # A schedule made 30 s ago (its first slot is overdue: no reaper fired it) and one not due.

@@ -152,3 +152,8 @@ def eventually(
 
 def elapsed(since: float) -> float:
     return time.monotonic() - since
+
+
+# A second operation of the test account, on the default queue (remote workers
+# serve no local operation such as ``ping`` unless REMOTE_MAY_SERVE_LOCAL).
+OTHER = {"name": "remote.other", "queue": "default", "payload_schema": {"type": "object"}}

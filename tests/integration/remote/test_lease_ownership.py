@@ -22,6 +22,9 @@ from jobs.models import Job, JobEvent, Worker, WorkerKind
 
 from .helpers import ECHO, Server, register
 
+# The intruder's own operation: remote.echo belongs to the account that declared it first.
+INTRUDER_OP = {"name": "intruder.op", "queue": "remote", "payload_schema": {"type": "object"}}
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -90,7 +93,7 @@ def _reports(job_id: str, token: str) -> list[tuple[str, str, dict[str, Any]]]:
 
 def test_another_account_with_the_token_is_refused_and_changes_nothing(api, intruder, server):
     owner = register(api)
-    theirs = register(intruder)
+    theirs = register(intruder, [INTRUDER_OP])  # remote.echo is the owner's: a 409 for it
     job = enqueue("remote.echo", {"text": "mine"})
     held = _claim(api, owner["id"])
     token = held["lease_token"]
@@ -118,7 +121,7 @@ def test_another_account_with_the_token_is_refused_and_changes_nothing(api, intr
 
 def test_a_stale_token_is_still_a_409_for_everyone(api, intruder, server):
     owner = register(api)
-    register(intruder)
+    register(intruder, [INTRUDER_OP])
     job = enqueue("remote.echo", {"text": "x"})
     token = _claim(api, owner["id"])["lease_token"]
     stranger = str(uuid.uuid4())

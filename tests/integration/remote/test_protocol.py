@@ -14,7 +14,7 @@ from jobs.exceptions import EnqueueError
 from jobs.models import Job, RemoteOperation, Worker
 from jobs.transitions import cancel_job
 
-from .helpers import ECHO, events_of, eventually, job_status, register
+from .helpers import ECHO, OTHER, events_of, eventually, job_status, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,13 +26,13 @@ def claim(api: httpx.Client, worker_id: str, **body) -> list[dict]:
 
 
 def test_register_creates_a_remote_worker_of_the_user(api, server):
-    body = register(api, [ECHO, "ping"], name="gpu-box", concurrency=2)
+    body = register(api, [ECHO, OTHER], name="gpu-box", concurrency=2)
     assert body["heartbeat_interval"] > 0 and body["lease_seconds"] > 0
     assert body["websocket"] == f"/ws/workers/{body['id']}"
     worker = Worker.objects.get(pk=body["id"])
     assert (worker.kind, worker.name, worker.concurrency) == ("remote", "gpu-box", 2)
     assert worker.user.username == "remote"
-    assert worker.operations == ["remote.echo", "ping"]
+    assert worker.operations == ["remote.echo", "remote.other"]
     assert set(worker.queues) == {"remote", "default"}  # the queues of its operations
 
 
@@ -308,13 +308,15 @@ def test_registration_refuses_unknown_or_invalid_operations(api, server):
             [{"name": "bad.schema", "payload_schema": {"type": "nonsense"}}],
             "operations.0.payload_schema",
         ),
-        ([{"name": "ping", "queue": "x"}], "operations.0.name"),
         ([], "operations"),
     ]
     for operations, field in cases:
         r = api.post("/workers", json={"name": "w", "operations": operations})
         assert r.status_code == 400, r.text
         assert field in r.json()["errors"], r.json()
+    # A local operation is not served remotely (REMOTE_MAY_SERVE_LOCAL is off).
+    r = api.post("/workers", json={"name": "w", "operations": [{"name": "ping", "queue": "x"}]})
+    assert r.status_code == 403 and "operations.0.name" in r.json()["errors"], r.text
     assert not Worker.objects.exists() and not RemoteOperation.objects.exists()
 
 

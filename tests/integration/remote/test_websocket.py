@@ -13,7 +13,7 @@ pytest.importorskip("websockets", reason="the client's push extra (websockets) i
 from websockets.exceptions import InvalidStatus  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from .helpers import ECHO, register
+from .helpers import ECHO, OTHER, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,14 +46,14 @@ def next_available(ws, queue: str, timeout: float = 10.0) -> dict:
 
 
 def test_socket_pushes_job_available_for_the_workers_queues(api, server, token):
-    worker = register(api, [ECHO, "ping"])
+    worker = register(api, [ECHO, OTHER])
     with open_socket(server, worker["id"], token=token) as ws:
         hello = next_message(ws, "hello")
         assert set(hello["queues"]) == {"remote", "default"}
         time.sleep(0.3)  # let a polling relay take its first look
         enqueue("remote.echo", {"text": "x"})
         assert next_available(ws, "remote") == {"type": "job.available", "queue": "remote"}
-        enqueue("ping", queue="default")
+        enqueue("remote.other", {})
         assert next_available(ws, "default")["queue"] == "default"
         ws.send(json.dumps({"type": "ping"}))
         next_message(ws, "pong")

@@ -22,6 +22,10 @@ from tests.conftest import wait_for
 POOL = 4  # --threads 4: the pool holds threads + 2
 
 
+# Remote workers here serve the built-in ping: allowed only with this knob.
+LOCAL_REMOTE = {"CONTROLPLANE_REMOTE_MAY_SERVE_LOCAL": "1"}
+
+
 def web_connections(names: set[str]) -> Counter[str]:
     """PostgreSQL connections held by the web processes named ``names``, per process."""
     with connection.cursor() as cursor:
@@ -151,7 +155,7 @@ def chunked_request(url: str, method: str, path: str, token: str, body: bytes) -
 
 
 def test_chunked_bodies_are_read_in_full(serve, make_token):
-    served = serve(processes=1, threads=2)
+    served = serve(processes=1, threads=2, env=LOCAL_REMOTE)
     token = make_token("chunked")
     status, payload = chunked_request(
         served.url, "POST", "/jobs", token, b'{"operation": "ping", "priority": 7}'
@@ -220,7 +224,7 @@ def test_static_files_have_hashed_names_and_far_future_caching(serve):
 
 @pytest.mark.timeout(120)
 def test_parked_long_polls_hold_no_connection_and_one_enqueue_wakes_one(serve, make_token):
-    served = serve(processes=1, threads=4)
+    served = serve(processes=1, threads=4, env=LOCAL_REMOTE)
     token = make_token("pollers")
     headers = {"Authorization": f"Token {token}"}
     workers = [

@@ -1,0 +1,77 @@
+"""The operators' audit log: one ``OperatorAction`` row per operator action, whichever face made it.
+
+Every action an operator can take (cancel, retry, bulk cancel/retry, pause,
+resume, concurrency cap, rate limit, orphan requeue, schedules, a remote
+operation's declaration, a change made through the Django admin) writes a row
+naming who did it, to what, how many jobs changed and why, in the same
+transaction as the change where the change is a single write. Job timelines
+already carry ``by`` on their events; this log also covers queue settings,
+which have no timeline, and records a bulk action once, with the filter it used.
+The API, the dashboard, the admin and the ``jobs`` command all write through
+``record_action``; ``dashboard.audit`` adds the labels the pages show.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs.models import OperatorAction
+
+CANCEL = "cancel"
+RETRY = "retry"
+BULK_CANCEL = "bulk_cancel"
+BULK_RETRY = "bulk_retry"
+PAUSE = "pause"
+RESUME = "resume"
+SET_CAP = "set_cap"
+SET_RATE_LIMIT = "set_rate_limit"
+APPLY_SETTINGS = "queue_settings"  # CONTROLPLANE["QUEUES"] applied at start (jobs.queue_limits)
+REQUEUE_ORPHAN = "requeue_orphan"
+PURGE = "purge"  # manage.py jobs purge
+RUN_NOW = "run_now"
+DISCARD = "discard"  # target: the deleted job's id; filter: what it was
+ENQUEUE = "enqueue"  # the operations page's form
+# Schedules (jobs.schedules.services): target is the schedule's name, filter its id.
+SCHEDULE_CREATE = "schedule_create"
+SCHEDULE_UPDATE = "schedule_update"
+SCHEDULE_DELETE = "schedule_delete"
+SCHEDULE_PAUSE = "schedule_pause"
+SCHEDULE_RESUME = "schedule_resume"
+SCHEDULE_RUN = "schedule_run"
+
+# Remote operations (jobs.remote.workers): target is the operation's name,
+# filter its declaration (and the one it replaced).
+DECLARE_OPERATION = "declare_operation"
+REDECLARE_OPERATION = "redeclare_operation"
+# A change made through the Django admin (jobs.admin): target is the object,
+# filter the model and the changed fields.
+ADMIN_CHANGE = "admin_change"
+
+
+def actor_name(user: Any) -> str:
+    """How an operator is named: a plain name stands for itself (``jobs --by``)."""
+    if isinstance(user, str):
+        return user
+    return user.get_username() if user and user.is_authenticated else "anonymous"
+
+
+def record_action(
+    user: Any,
+    action: str,
+    *,
+    target: str = "",
+    count: int = 0,
+    filters: dict[str, Any] | None = None,
+    reason: str = "",
+) -> OperatorAction:
+    """Write one audit row. ``user`` may be None (a script); the name is copied either way."""
+    authenticated = user is not None and getattr(user, "is_authenticated", False)
+    return OperatorAction.objects.create(
+        user=user if authenticated else None,
+        username=actor_name(user)[:150],
+        action=action,
+        target=str(target)[:255],
+        count=int(count),
+        filter=filters or {},
+        reason=(reason or "")[:2000],
+    )
