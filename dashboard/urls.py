@@ -10,6 +10,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
+from dashboard.login import ThrottledLoginView
 from dashboard.views import actions, jobs, metrics, operations, pages, schedules
 
 app_name = "dashboard"
@@ -18,9 +19,7 @@ urlpatterns = [
     path("", RedirectView.as_view(pattern_name="dashboard:overview"), name="root"),
     path(
         "accounts/login/",
-        auth_views.LoginView.as_view(
-            template_name="dashboard/login.html", next_page="dashboard:overview"
-        ),
+        ThrottledLoginView.as_view(),
         name="login",
     ),
     path(
