@@ -40,6 +40,29 @@ def register() -> None:
     checks.register(check_middleware, TAG)
     checks.register(check_static_files, TAG)
     checks.register(check_mounted, TAG, checks.Tags.urls)
+    checks.register(check_secret_key, TAG, checks.Tags.security)
+
+
+# Keys that ship in source: the demo's default and what ``startproject`` writes.
+BUILT_IN_SECRET_KEYS = ("dev-only-insecure-key-change-me-in-production-0123456789",)
+INSECURE_PREFIXES = ("django-insecure-", "dev-only-insecure")
+
+
+def check_secret_key(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A key anyone can read in the source signs sessions and password resets: say so
+    whenever DEBUG is off, not only under ``check --deploy``."""
+    key = str(getattr(settings, "SECRET_KEY", "") or "")
+    if settings.DEBUG or not (key in BUILT_IN_SECRET_KEYS or key.startswith(INSECURE_PREFIXES)):
+        return []
+    return [
+        checks.Warning(
+            "SECRET_KEY is a built-in key that ships in source code, while DEBUG is off: "
+            "anyone can forge session cookies and password-reset links.",
+            hint="Set DJANGO_SECRET_KEY (or SECRET_KEY) to a long random value, e.g. "
+            "python -c 'import secrets; print(secrets.token_urlsafe(50))'.",
+            id="controlplane.W001",
+        )
+    ]
 
 
 def check_configured(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -65,6 +65,8 @@ DEFAULTS: dict[str, Any] = {
     # worker declaring them left (a redeploy): their jobs wait queued for the
     # next worker. After it, enqueue answers "Unknown operation".
     "REMOTE_OPERATION_GRACE_SECONDS": 24 * 3600.0,
+    # Remote workers may serve local and built-in operations (jobs.remote.declared).
+    "REMOTE_MAY_SERVE_LOCAL": False,
     # Batch queues.
     "BATCH_VISIBILITY_SECONDS": 60.0,
     "BATCH_MAX_ATTEMPTS": 3,

@@ -17,11 +17,9 @@ heartbeat itself, which stays two queries.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection, Iterable
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
 from django.utils import timezone
 
 from jobs.conf import knob
@@ -46,12 +44,9 @@ __all__ = [
 
 
 def may_serve_local() -> bool:
-    """``REMOTE_MAY_SERVE_LOCAL`` (default False): whether remote workers may serve
-    local and built-in operations (``ping``, the host's ``@operation`` functions)."""
-    raw = os.environ.get("CONTROLPLANE_REMOTE_MAY_SERVE_LOCAL")
-    if raw:
-        return raw.strip().lower() in ("1", "true", "yes", "on")
-    return bool((getattr(settings, "CONTROLPLANE", {}) or {}).get("REMOTE_MAY_SERVE_LOCAL", False))
+    """``REMOTE_MAY_SERVE_LOCAL``: whether remote workers may serve local and built-in
+    operations (``ping``, the host's ``@operation`` functions)."""
+    return bool(knob("REMOTE_MAY_SERVE_LOCAL"))
 
 
 def remotely_servable(names: Iterable[str]) -> list[str]:
