@@ -85,17 +85,17 @@ DEFAULTS: dict[str, Any] = {
     "PREPARED_STATEMENTS": True,
     # Limits.
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
-    "DASHBOARD_STATEMENT_TIMEOUT_MS": 5000,
-    "COUNT_CAP": 10_000,
-    # Read replica (jobs.replica, DATABASE_REPLICA_URL): dashboard pages, API lists and
-    # /metrics read the primary instead while the replica lags more than MAX_LAG (measured
-    # at most every CHECK seconds per process), and for STICKY seconds after the same
     # What a run may store (jobs.storable): a result's JSON longer than
     # MAX_RESULT_BYTES fails the job (ResultTooLarge; a remote complete gets a
     # 400); longer error and event messages are cut, with a visible marker.
     "MAX_RESULT_BYTES": 1024 * 1024,
     "MAX_ERROR_MESSAGE_CHARS": 10_000,
     "MAX_EVENT_MESSAGE_CHARS": 10_000,
+    "DASHBOARD_STATEMENT_TIMEOUT_MS": 5000,
+    "COUNT_CAP": 10_000,
+    # Read replica (jobs.replica, DATABASE_REPLICA_URL): dashboard pages, API lists and
+    # /metrics read the primary instead while the replica lags more than MAX_LAG (measured
+    # at most every CHECK seconds per process), and for STICKY seconds after the same
     # client wrote (a cookie), so the page after an operator action shows it.
     "REPLICA_MAX_LAG_SECONDS": 5.0,
     "REPLICA_CHECK_SECONDS": 1.0,
