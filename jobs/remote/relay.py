@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import close_old_connections
-from django.utils import timezone
 
+from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.remote.listener import listener
 
@@ -244,7 +244,7 @@ class Relay:
         if not queues:
             return set()
         rows = (
-            Job.objects.filter(status="queued", queue__in=queues, run_after__lte=timezone.now())
+            Job.objects.filter(status="queued", queue__in=queues, run_after__lte=db_now())
             .values("queue")
             .annotate(n=Count("id"), newest=Max("run_after"))
             .order_by()

@@ -23,9 +23,9 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
-from django.utils import timezone
 
 from jobs.claims import ClaimedJob, claim_jobs
+from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.exceptions import UnstorableValue
 from jobs.models import Job, Queue, QueueKind, Worker
@@ -154,7 +154,7 @@ def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
         status=Status.QUEUED,
         queue__in=queues,
         operation__in=operations,
-        run_after__lte=timezone.now(),
+        run_after__lte=db_now(),
     ).exists():
         return []
     lease = float(knob("LEASE_SECONDS"))
@@ -222,7 +222,7 @@ def claim(*, worker_id: uuid.UUID | str, user: Any, limit: int = 1) -> ClaimAtte
     limit = max(1, min(int(limit or 1), worker.concurrency, MAX_CLAIM_LIMIT))
     jobs = _runnable(_claim_once(worker, limit))
     if jobs:
-        Worker.objects.filter(pk=worker.pk).update(last_heartbeat=timezone.now())
+        Worker.objects.filter(pk=worker.pk).update(last_heartbeat=db_now())
     return ClaimAttempt(
         worker_id=worker.pk,
         limit=limit,
