@@ -9,20 +9,11 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS
 
 STYLED = """() => Array.from(document.styleSheets).some(
     (sheet) => (sheet.href || "").includes("/static/dashboard/app.") && sheet.cssRules.length > 20
