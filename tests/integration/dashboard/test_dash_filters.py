@@ -179,8 +179,10 @@ def test_counts_are_capped(operator_client: Client, db, monkeypatch) -> None:
 
 
 def test_list_live_endpoint_refreshes_rows_and_counts_new_jobs(operator_client: Client, db) -> None:
+    from jobs.clock import db_now
+
     first, held = running(queue="live")
-    newest = timezone.now().isoformat()
+    newest = db_now().isoformat()  # the clock enqueue stamps created_at with
     queued(queue="live")
     queued(queue="other")
     url = f"/dashboard/jobs/live/?queue=live&ids={first.pk}&newest={newest}"
