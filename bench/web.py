@@ -643,8 +643,8 @@ def statuses(result: Result) -> str:
     return ", ".join(f"{code}: {n:,}" for code, n in sorted(result.statuses.items()))
 
 
-def measure_rows(ctx: Context, server: Server, row_list: list[Row], clients: list[int]) -> None:
-    """Warm up every row, then ``--runs`` rounds over rows x clients (rounds interleaved)."""
+def warm_up(ctx: Context, server: Server, row_list: list[Row]) -> None:
+    """Every row for 2 s at 8 clients, unrecorded."""
     for row in row_list:
         wrk(
             server.url + row.path,
@@ -655,6 +655,11 @@ def measure_rows(ctx: Context, server: Server, row_list: list[Row], clients: lis
             Sampler(ctx.dsn, ctx.args.database),
             ctx.logs / "wrk.log",
         )
+
+
+def measure_rows(ctx: Context, server: Server, row_list: list[Row], clients: list[int]) -> None:
+    """Warm up every row, then ``--runs`` rounds over rows x clients (rounds interleaved)."""
+    warm_up(ctx, server, row_list)
     for run in range(1, ctx.args.runs + 1):
         for row in row_list:
             for c in clients:
@@ -1035,16 +1040,7 @@ def measure_references(ctx: Context, env: dict[str, str], row_list: list[Row]) -
     reference = wsgi_reference(env, ctx.logs)
     try:
         for server in (ours, reference):
-            for row in row_list:  # warm-up
-                wrk(
-                    server.url + row.path,
-                    ctx.scripts[row.key],
-                    8,
-                    2,
-                    ctx.args.timeout,
-                    Sampler(ctx.dsn, ctx.args.database),
-                    ctx.logs / "wrk.log",
-                )
+            warm_up(ctx, server, row_list)
         for run in range(1, ctx.args.runs + 1):
             for row in row_list:
                 pair = (ours, reference) if run % 2 else (reference, ours)
