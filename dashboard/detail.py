@@ -108,6 +108,8 @@ class JobDetail:
     child_counts: dict[str, Count]
     progress: Progress | None
     failure: LastFailure | None = None
+    # The host and pid of the latest run when its worker row is gone (``job.started``'s fields).
+    last_runner: dict[str, Any] | None = None
 
     @property
     def child_total(self) -> int:
@@ -124,6 +126,14 @@ def job_detail(job_id: uuid.UUID | str) -> JobDetail | None:
     if job is None:
         return None
     worker = Worker.objects.filter(pk=job.worker_id).first() if job.worker_id else None
+    last_runner = (
+        JobEvent.objects.filter(job_id=job.pk, event=ATTEMPT_EVENT)
+        .order_by("-seq")
+        .values_list("fields", flat=True)
+        .first()
+        if job.worker_id and worker is None
+        else None
+    )
     parent = (
         Job.objects.only("id", "operation", "status", "queue").filter(pk=job.parent_id).first()
         if job.parent_id
@@ -145,6 +155,7 @@ def job_detail(job_id: uuid.UUID | str) -> JobDetail | None:
         child_counts=child_counts,
         progress=progress_of(job),
         failure=last_failure(job),
+        last_runner=last_runner if isinstance(last_runner, dict) else None,
     )
 
 

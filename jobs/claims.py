@@ -9,6 +9,8 @@ worker's clock: workers on machines whose clocks differ agree on leases.
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from contextlib import nullcontext
@@ -22,6 +24,27 @@ from django.utils import timezone
 from jobs.dialect import dialect
 from jobs.states import RUNNING, SUCCEEDED, check_transition
 from jobs.tables import EVENT_TABLE, JOB_TABLE
+
+
+@dataclass(frozen=True)
+class Runner:
+    """The process that runs a claimed job, written into its ``job.started`` event.
+
+    The worker row is deleted when its worker stops; the event is not, so a
+    job's timeline still says which host and process ran each attempt after a
+    deploy replaced every worker.
+    """
+
+    host: str
+    pid: int | None
+
+
+_HOST = socket.gethostname()
+
+
+def this_process() -> Runner:
+    """This process as a runner (``os.getpid()`` read each time: worker processes fork)."""
+    return Runner(_HOST, os.getpid())
 
 
 @dataclass(frozen=True)
@@ -51,13 +74,19 @@ _RETURNING = (
 # PostgreSQL only (data-modifying CTEs): the database's clock, as the UPDATE beside them.
 _STARTED_EVENT = (
     "SELECT id, last_event_seq, statement_timestamp(), 'job.started', 'info', '', "
-    "jsonb_build_object('worker', %s::text, 'attempt', attempts) FROM claimed"
+    "jsonb_build_object('worker', %s::text, 'host', %s::text, 'pid', %s::int, 'attempt', attempts) "
+    "FROM claimed"
 )
 _SUCCEEDED_EVENT = (
     "SELECT id, last_event_seq, statement_timestamp(), 'job.succeeded', 'info', '', "
     "jsonb_build_object('duration_ms', duration_ms) FROM done"
 )
 _EVENT_COLUMNS = f"{EVENT_TABLE} (job_id, seq, ts, event, level, message, fields)"
+
+
+def _started_fields(worker: str, runner: Runner, attempt: int) -> dict[str, Any]:
+    """A ``job.started`` event's fields, as ``_STARTED_EVENT`` builds them on PostgreSQL."""
+    return {"worker": worker, "host": runner.host, "pid": runner.pid, "attempt": attempt}
 
 
 def _pick(
@@ -177,6 +206,7 @@ def claim_jobs(
     operations: Sequence[str] | None = None,
     local_operations: Collection[str] | None = None,
     cap: int | None = None,
+    runner: Runner | None = None,
     using: str = "default",
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` claimable jobs in one statement and start them.
@@ -194,12 +224,16 @@ def claim_jobs(
     ``cap`` (one queue only) is horsies' cluster-wide cap: the claim takes an
     advisory lock for the queue, counts its running jobs and claims at most
     ``cap - running``, so concurrent workers never exceed it together.
+
+    ``runner`` (this process unless given: a remote worker's claim runs in a
+    web process) is recorded with each ``job.started``.
     """
     if limit <= 0 or not queues or (operations is not None and not operations):
         return []
     d = dialect(using)
     now = None if d.postgres else timezone.now()  # PostgreSQL: its own clock, in the statement
     worker_text = str(worker_id)
+    runner = runner or this_process()
     # On PostgreSQL an uncapped claim is one statement, atomic on its own.
     needs_transaction = cap is not None or not d.postgres
     scope = transaction.atomic(using=using) if needs_transaction else nullcontext()
@@ -240,7 +274,7 @@ def claim_jobs(
             cursor.execute(
                 f"WITH claimed AS ({update}), ev AS (INSERT INTO {_EVENT_COLUMNS} "
                 f"{_STARTED_EVENT}) SELECT * FROM claimed",
-                [*params, worker_text],
+                [*params, worker_text, runner.host, runner.pid],
             )
             rows = cursor.fetchall()
         else:
@@ -249,7 +283,7 @@ def claim_jobs(
             cursor.executemany(
                 f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, 'job.started', 'info', '', %s)",
                 [
-                    (r[0], r[8], d.ts(now), d.json({"worker": worker_text, "attempt": r[4]}))
+                    (r[0], r[8], d.ts(now), d.json(_started_fields(worker_text, runner, r[4])))
                     for r in rows
                 ],
             )
@@ -501,7 +535,10 @@ def complete_and_claim(
         "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done"
     )
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, [*done_params, *claim_params, str(worker_id)])
+        runner = this_process()
+        cursor.execute(
+            sql, [*done_params, *claim_params, str(worker_id), runner.host, runner.pid]
+        )
         rows = cursor.fetchall()
     moved = [r[0] for r in rows if r[1] is None]
     return moved, [_claimed(d, r) for r in rows if r[1] is not None]

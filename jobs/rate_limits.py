@@ -34,7 +34,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from jobs.claims import ClaimedJob, claim_jobs
+from jobs.claims import ClaimedJob, Runner, claim_jobs
 from jobs.clock import db_now
 from jobs.models import Queue
 
@@ -104,6 +104,7 @@ def claim_rate_limited(
     operations: Sequence[str] | None = None,
     local_operations: Collection[str] | None = None,
     cap: int | None = None,
+    runner: Runner | None = None,
     using: str = "default",
 ) -> RateLimitedClaim:
     """``claim_jobs`` on one rate-limited queue, at most as many jobs as its bucket allows.
@@ -125,6 +126,7 @@ def claim_rate_limited(
             operations=operations,
             local_operations=local_operations,
             cap=cap,
+            runner=runner,
             using=using,
         )
 
