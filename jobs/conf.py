@@ -100,6 +100,13 @@ DEFAULTS: dict[str, Any] = {
     "REPLICA_MAX_LAG_SECONDS": 5.0,
     "REPLICA_CHECK_SECONDS": 1.0,
     "REPLICA_STICKY_SECONDS": 5.0,
+    # manage.py serve (jobs.web.processes): a connection whose request head has not
+    # all arrived this long after it opened (or after the head's first byte) is
+    # closed; an idle keep-alive connection after KEEP_ALIVE; a WebSocket message
+    # larger than MAX_WEBSOCKET_MESSAGE_BYTES closes its socket (1009).
+    "HTTP_HEADER_TIMEOUT_SECONDS": 10.0,
+    "HTTP_KEEP_ALIVE_SECONDS": 5.0,
+    "MAX_WEBSOCKET_MESSAGE_BYTES": 64 * 1024,
     # Web processes: how long a token (with its user and permissions) is remembered.
     "TOKEN_CACHE_SECONDS": 10.0,
     # Web processes: how long queue settings (paused, caps) are remembered for remote claims.

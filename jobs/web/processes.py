@@ -12,6 +12,12 @@ process that dies is restarted on the same socket, and connections the
 kernel hashed to it wait in its backlog meanwhile instead of being refused.
 Each server process is ``python -m jobs.web.processes --fd N`` (uvicorn's
 ``Server`` on that socket); it ends with its supervisor (``PR_SET_PDEATHSIG``).
+
+Limits each server applies to its clients (knobs read by the supervisor, passed
+on the command line): a request head must arrive within
+``HTTP_HEADER_TIMEOUT_SECONDS`` (``jobs.web.head_timeout``), an idle keep-alive
+connection is closed after ``HTTP_KEEP_ALIVE_SECONDS``, and a WebSocket message
+larger than ``MAX_WEBSOCKET_MESSAGE_BYTES`` closes its socket (1009).
 """
 
 from __future__ import annotations
@@ -42,6 +48,35 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass(frozen=True)
+class ClientLimits:
+    """What one server process allows a client (see the module's docstring)."""
+
+    header_timeout: float = 10.0
+    keep_alive: float = 5.0
+    ws_max_size: int = 64 * 1024
+
+    @classmethod
+    def from_knobs(cls) -> ClientLimits:
+        from jobs.conf import knob
+
+        return cls(
+            header_timeout=float(knob("HTTP_HEADER_TIMEOUT_SECONDS")),
+            keep_alive=float(knob("HTTP_KEEP_ALIVE_SECONDS")),
+            ws_max_size=int(knob("MAX_WEBSOCKET_MESSAGE_BYTES")),
+        )
+
+    def argv(self) -> list[str]:
+        return [
+            "--header-timeout",
+            str(self.header_timeout),
+            "--keep-alive",
+            str(self.keep_alive),
+            "--ws-max-size",
+            str(self.ws_max_size),
+        ]
+
+
 @dataclass
 class ServerProcess:
     sock: socket.socket
@@ -70,8 +105,10 @@ class WebSupervisor:
         env: dict[str, str],
         log_level: str = "warning",
         cwd: str | None = None,
+        limits: ClientLimits | None = None,
     ) -> None:
         argv = [sys.executable, "-m", "jobs.web.processes", "--app", app, "--log-level", log_level]
+        argv += (limits or ClientLimits()).argv()
         env = {**env, SUPERVISED: "1"}
         workdir = cwd or os.getcwd()
         self.children = [
@@ -114,9 +151,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--app", required=True)
     parser.add_argument("--log-level", default="warning")
+    defaults = ClientLimits()
+    parser.add_argument("--header-timeout", type=float, default=defaults.header_timeout)
+    parser.add_argument("--keep-alive", type=float, default=defaults.keep_alive)
+    parser.add_argument("--ws-max-size", type=int, default=defaults.ws_max_size)
     options = parser.parse_args(argv)
     sys.path.insert(0, str(Path.cwd()))
     import uvicorn
+
+    from jobs.web.head_timeout import head_timeout_protocol
 
     config = uvicorn.Config(
         options.app,
@@ -124,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
         access_log=False,
         log_level=options.log_level,
         timeout_graceful_shutdown=10,
+        http=head_timeout_protocol(options.header_timeout),
+        timeout_keep_alive=options.keep_alive,  # typed int, used as a float (call_later)
+        ws_max_size=options.ws_max_size,
     )
     sock = socket.socket(fileno=options.fd)  # family and type read from the socket itself
     uvicorn.Server(config).run(sockets=[sock])

@@ -21,7 +21,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.web.processes import WebSupervisor
+from jobs.web.processes import ClientLimits, WebSupervisor
 
 
 def _asgi_path() -> str:
@@ -81,6 +81,7 @@ class Command(BaseCommand):
             env=env,
             log_level=options["log_level"],
             cwd=str(Path(sys.path[0] or os.getcwd()).resolve()),
+            limits=ClientLimits.from_knobs(),
         )
         sys.exit(supervisor.run())
 
