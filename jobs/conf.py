@@ -120,6 +120,10 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULE_MISFIRE_GRACE_SECONDS": 60.0,
     "SCHEDULE_CATCH_UP_MAX": 100,
     "SCHEDULE_POLL_SECONDS": 1.0,
+    # A reaper fires schedules for at most this long per pass and per wake-up
+    # between passes (most overdue first; the rest stay due for the next one),
+    # so a crowd of due schedules cannot crowd out its other duties. 0: no limit.
+    "SCHEDULE_FIRE_BUDGET_SECONDS": 2.0,
     # Per-queue limits applied by workers and reapers at start when they change
     # (jobs.queue_limits): {"emails": {"rate_limit_per_second": 5, "concurrency_cap": 10}}.
     "QUEUES": {},

@@ -11,9 +11,12 @@ hard timeout that also stopped writing events, jobs past their own
 ``timeout_seconds`` by ``TIMEOUT_GRACE_SECONDS`` (``jobs.timeouts``), retention, and the purge of
 batch messages left by finished parents. Periodic schedules
 (``jobs.schedules``) fire first in each pass and, between passes, as each
-falls due; the code's schedules are synced at the first pass. Every rescue is a guarded UPDATE
-and every deletion repeats its conditions, so several reapers can run at
-once (one per machine) without acting twice. Deferred parents hold no lease:
+falls due, for at most ``SCHEDULE_FIRE_BUDGET_SECONDS`` at a time (the most
+overdue first; the rest stay due for the next wake-up), so however many are
+due the other steps run every pass; the code's schedules are synced at the
+first pass. Every rescue is a guarded UPDATE and every deletion repeats its
+conditions, so several reapers can run at once (one per machine) without
+acting twice. Deferred parents hold no lease:
 only the timeout (with its stall grace) applies to them.
 """
 
@@ -31,6 +34,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 
 from jobs.clock import check_skew, db_now
+from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.metrics.rollup import prune_metric_rollups, roll_up_metrics
 from jobs.models import ScheduleFire, Worker
@@ -71,6 +75,7 @@ class ReaperResult:
     jobs_deleted: int = 0
     messages_purged: int = 0
     schedules_fired: int = 0
+    schedules_left: int = 0  # due schedules the firing budget left for the next wake-up
     fires_pruned: int = 0
     metric_events: int = 0
     metric_rows_pruned: int = 0
@@ -187,7 +192,11 @@ class Reaper:
                     raise
                 result.errors += 1
                 log.exception("reaper.schedule_sync_failed error=%s", error)
-        result.schedules_fired += fire_due_schedules(now).fired
+        fired = fire_due_schedules(now)
+        result.schedules_fired += fired.fired
+        result.schedules_left = fired.left
+        if fired.left:
+            log_cut_short("pass", fired.left)
 
     def _orphan_operations(self, now: datetime, result: ReaperResult) -> None:
         result.operations_hidden = _hide_orphan_operations()
@@ -302,6 +311,8 @@ class Reaper:
                 fired = self.schedules.fire_if_due()
                 if fired is not None and (fired.fired or fired.skipped_overlap or fired.failed):
                     log.info("reaper.schedules %s", fired)
+                if fired is not None and fired.left:
+                    log_cut_short("timer", fired.left)
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + step
                     self.rescue_lost_workers()
@@ -311,6 +322,16 @@ class Reaper:
                 if is_transient(error):
                     return
                 log.exception("reaper.liveness_failed error=%s", error)
+
+
+def log_cut_short(where: str, left: int) -> None:
+    """The firing budget ran out with ``left`` schedules still due (they fire next)."""
+    log.warning(
+        "reaper.schedules_cut_short where=%s left=%d budget=%.2fs",
+        where,
+        left,
+        float(knob("SCHEDULE_FIRE_BUDGET_SECONDS")),
+    )
 
 
 def delete_finished_jobs(

@@ -25,11 +25,22 @@ Missed slots (no reaper ran) follow the schedule's ``catch_up``:
   older ones are skipped.
 
 Either way ``next_fire_at`` then moves to the first slot after now: never a storm.
+
+Firing is time-boxed: one call fires for at most ``SCHEDULE_FIRE_BUDGET_SECONDS``
+(checked between schedules; at least one fires per call), the most overdue
+(earliest ``next_fire_at``) first, so that a thousand due schedules cannot
+crowd out the reaper's other duties. The schedules left over keep their
+``next_fire_at`` and are simply still due: the next call (the reaper's timer
+wakes again at once) fires them first, their missed slots by their
+``catch_up`` as after any short delay. A deferral is bounded by one round
+through the due schedules, so under ``catch_up = all`` every deferred slot
+still fires, as long as the round is shorter than ``SCHEDULE_CATCH_UP_MAX`` slots.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -70,6 +81,8 @@ class FireResult:
     fired: int = 0
     skipped_overlap: int = 0
     failed: int = 0
+    # Due schedules the call left for the next one (its time budget, or its bound, ran out).
+    left: int = 0
 
     def add(self, other: FireResult) -> None:
         for name, value in asdict(other).items():
@@ -93,25 +106,37 @@ def slots_to_fire(timing: Timing, catch_up: str, since: datetime, now: datetime)
     return newest
 
 
-def fire_due_schedules(now: datetime | None = None) -> FireResult:
-    """Fire every schedule whose ``next_fire_at`` is at or before ``now`` (default: now).
+def fire_due_schedules(now: datetime | None = None, *, budget: float | None = None) -> FireResult:
+    """Fire the schedules whose ``next_fire_at`` is at or before ``now`` (default: now).
 
     The reaper calls it on each pass and whenever a schedule falls due in
     between. Schedules another process is firing at this moment are left to
     it (PostgreSQL), or found already advanced once their turn comes (SQLite).
+
+    Most overdue first, for at most ``budget`` seconds (default
+    ``SCHEDULE_FIRE_BUDGET_SECONDS``; 0 or less: no limit) and at most
+    ``ROUNDS * BATCH`` schedules; ``left`` in the result counts the due
+    schedules it did not get to, which stay due for the next call.
     """
     now = now or db_now()
+    if budget is None:
+        budget = float(knob("SCHEDULE_FIRE_BUDGET_SECONDS"))
+    deadline = time.monotonic() + budget if budget > 0 else math.inf
     result = FireResult()
+    due_now = Schedule.objects.filter(paused=False, next_fire_at__lte=now)
+    tried = 0
     for _ in range(ROUNDS):
-        due = list(
-            Schedule.objects.filter(paused=False, next_fire_at__lte=now)
-            .order_by("next_fire_at")
-            .values_list("pk", flat=True)[:BATCH]
-        )
+        # Only the ids: each schedule's row is read again under its lock.
+        due = list(due_now.order_by("next_fire_at", "pk").values_list("pk", flat=True)[:BATCH])
         for schedule_id in due:
+            if tried and time.monotonic() >= deadline:
+                result.left = due_now.count()
+                return result
+            tried += 1
             result.add(_fire_schedule(schedule_id, now))
         if len(due) < BATCH:
-            break
+            return result
+    result.left = due_now.count()
     return result
 
 
@@ -269,7 +294,10 @@ class FireTimer:
 
     It wakes at the earliest ``next_fire_at`` (so an every-second schedule
     fires on time) and at least every ``SCHEDULE_POLL_SECONDS`` (so a schedule
-    created, changed or resumed meanwhile is seen that soon).
+    created, changed or resumed meanwhile is seen that soon). Each wake-up
+    fires for at most ``SCHEDULE_FIRE_BUDGET_SECONDS``; what it leaves is
+    still due, so the timer is due again at once, and the reaper checks its
+    workers' liveness (and starts its next pass) in between.
     """
 
     def __init__(self, poll_seconds: float | None = None) -> None:
