@@ -67,6 +67,10 @@ DEFAULTS: dict[str, Any] = {
     "REMOTE_OPERATION_GRACE_SECONDS": 24 * 3600.0,
     # Remote workers may serve local and built-in operations (jobs.remote.declared).
     "REMOTE_MAY_SERVE_LOCAL": False,
+    # Which operations and queues each remote account may serve (jobs.remote.grants):
+    # {"users": {name: {"operations": [globs], "queues": [globs]}}, "groups": {...}}.
+    # None: no allow-list. Set: an account listed nowhere serves nothing.
+    "REMOTE_WORKER_GRANTS": None,
     # Batch queues.
     "BATCH_VISIBILITY_SECONDS": 60.0,
     "BATCH_MAX_ATTEMPTS": 3,

@@ -11,10 +11,12 @@ own views here (routed in ``remote_urls``). Every error has the one shape
 from __future__ import annotations
 
 import functools
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from rest_framework import permissions, serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
@@ -34,6 +36,7 @@ from jobs.operations import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from jobs.storable import MAX_DEPTH
 
 PERMISSION = "controlplane.run_remote_jobs"
+logger = logging.getLogger("jobs.api")
 
 
 class CanRunRemoteJobs(permissions.BasePermission):
@@ -74,6 +77,12 @@ def remote_endpoint(handler: Callable[..., Response]) -> Callable[..., Response]
             return error_response(str(error), status.HTTP_409_CONFLICT, {"status": [error.source]})
         except JobNotFound as error:
             return error_response(str(error), status.HTTP_404_NOT_FOUND)
+        except ImproperlyConfigured as error:  # a malformed knob (REMOTE_WORKER_GRANTS)
+            logger.error("remote-worker request refused: %s", error)
+            return error_response(
+                f"The control plane is misconfigured: {error}",
+                status.HTTP_500_INTERNAL_SERVER_ERROR,
+            )
 
     return wrapper
 

@@ -7,12 +7,14 @@ through the REST API; these plain functions do the work, the views in
 * ``workers`` -- register (with operation declarations), heartbeat,
   disconnect, and ``soft_delete_orphan_operations`` (called by the reaper);
 * ``runs`` -- claim with long-poll, events, complete, fail (token-fenced);
-* ``relay`` -- the one per-process wake-up source for long-polls and WebSockets.
+* ``relay`` -- the one per-process wake-up source for long-polls and WebSockets;
+* ``grants`` -- ``REMOTE_WORKER_GRANTS``, which operations and queues each account serves.
 """
 
 from __future__ import annotations
 
-from jobs.remote.errors import RemoteRequestError, WorkerNotFound
+from jobs.remote.errors import NotGranted, RemoteRequestError, WorkerNotFound
+from jobs.remote.grants import grant_for
 from jobs.remote.runs import MAX_WAIT_SECONDS, claim, complete, fail, post_event, retry_backoff
 from jobs.remote.workers import (
     HeartbeatResult,
@@ -26,6 +28,7 @@ from jobs.remote.workers import (
 __all__ = [
     "MAX_WAIT_SECONDS",
     "HeartbeatResult",
+    "NotGranted",
     "RemoteRequestError",
     "WorkerNotFound",
     "claim",
@@ -33,6 +36,7 @@ __all__ = [
     "disconnect_worker",
     "fail",
     "get_remote_worker",
+    "grant_for",
     "heartbeat",
     "post_event",
     "register_worker",

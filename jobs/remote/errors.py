@@ -99,3 +99,56 @@ class LocalOperationRefused(RemoteRequestError):
                 for index, _ in refused
             },
         )
+
+
+class NotGranted(RemoteRequestError):
+    """``REMOTE_WORKER_GRANTS`` does not allow this account what the registration names.
+
+    Nothing was registered or changed: no worker row, no declaration.
+    """
+
+    status_code = 403
+
+    def __init__(
+        self,
+        username: str,
+        *,
+        listed: bool,
+        operations: Sequence[tuple[str, str]] = (),
+        queues: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """``operations``/``queues``: (field in the body, name) of each one not granted."""
+        if not listed:
+            message = (
+                f"The worker was not registered: account {username!r} may serve no operation "
+                "or queue; REMOTE_WORKER_GRANTS lists neither it nor any of its groups. "
+                "Ask an administrator to grant it the operations and queues it serves."
+            )
+            super().__init__(
+                message, {"operations": [f"REMOTE_WORKER_GRANTS grants {username!r} nothing."]}
+            )
+            return
+        parts = []
+        ops = list(dict.fromkeys(name for _, name in operations))
+        qs = list(dict.fromkeys(name for _, name in queues))
+        if ops:
+            parts.append(
+                f"operation{'s' if len(ops) > 1 else ''} {', '.join(repr(n) for n in ops)}"
+            )
+        if qs:
+            parts.append(f"queue{'s' if len(qs) > 1 else ''} {', '.join(repr(n) for n in qs)}")
+        message = (
+            f"The worker was not registered: account {username!r} may not serve "
+            f"{' or '.join(parts)} (REMOTE_WORKER_GRANTS allows it other operations and "
+            "queues). Register without them, or ask an administrator to grant them."
+        )
+        errors: dict[str, list[str]] = {}
+        for field, name in operations:
+            errors.setdefault(field, []).append(
+                f"Operation {name!r} is not granted to {username} (REMOTE_WORKER_GRANTS)."
+            )
+        for field, name in queues:
+            errors.setdefault(field, []).append(
+                f"Queue {name!r} is not granted to {username} (REMOTE_WORKER_GRANTS)."
+            )
+        super().__init__(message, errors)

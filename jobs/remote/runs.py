@@ -32,6 +32,7 @@ from jobs.models import Job, Queue, QueueKind, Worker
 from jobs.rate_limits import TokenWaits, claim_rate_limited
 from jobs.remote.declared import remotely_servable
 from jobs.remote.errors import LeaseNotYours, RemoteRequestError
+from jobs.remote.grants import grant_for
 from jobs.remote.workers import get_remote_worker, held_by_other_accounts
 from jobs.states import CANCELLED, RUNNING, Status
 from jobs.storable import storable_json, text_problem, unstorable_fields
@@ -120,10 +121,10 @@ class _OpenQueues:
     limited: dict[str, tuple[float, int | None]]  # queue -> (rate, cap)
 
 
-def _open_job_queues(worker: Worker) -> _OpenQueues:
+def _open_job_queues(queues: list[str]) -> _OpenQueues:
     settings = queue_settings.get()
     open_queues = _OpenQueues([], {}, {})
-    for name in worker.queues:
+    for name in queues:
         q = settings.get(name)
         kind = q.kind if q else Queue.default_kind(name)
         if kind != QueueKind.JOB or (q is not None and q.paused):
@@ -137,13 +138,33 @@ def _open_job_queues(worker: Worker) -> _OpenQueues:
     return open_queues
 
 
-def _claim_once(worker: Worker, limit: int) -> list[ClaimedJob]:
+@dataclass(frozen=True)
+class _Served:
+    """What a worker may claim now: its operations and queues, less what it may not serve."""
+
+    operations: list[str]
+    queues: list[str]
+
+
+def _served(worker: Worker, user: Any) -> _Served:
+    """The worker's operations (never a local one, unless allowed) and queues, narrowed to
+    its account's grant as ``REMOTE_WORKER_GRANTS`` reads now (``jobs.remote.grants``):
+    the claim's SQL asks for these lists only, so a narrowed grant applies at once."""
+    operations = remotely_servable(worker.operations)
+    queues = list(worker.queues)
+    grant = grant_for(user)
+    if grant is not None:
+        operations, queues = grant.operations_of(operations), grant.queues_of(queues)
+    return _Served(operations, queues)
+
+
+def _claim_once(worker: Worker, served: _Served, limit: int) -> list[ClaimedJob]:
     """Claim up to ``limit`` jobs; a rate-limited queue whose bucket is known empty is skipped
     without a query until its next token is due (``token_waits``)."""
-    operations = remotely_servable(worker.operations)  # never a local job, unless allowed
+    operations = served.operations
     if not operations:
         return []
-    found = _open_job_queues(worker)
+    found = _open_job_queues(served.queues)
     uncapped, capped = found.uncapped, found.capped
     limited = {q: v for q, v in found.limited.items() if token_waits.ready(q, rate=v[0])}
     queues = [*uncapped, *capped, *limited]
@@ -220,16 +241,19 @@ def claim(*, worker_id: uuid.UUID | str, user: Any, limit: int = 1) -> ClaimAtte
     """
     worker = get_remote_worker(worker_id, user=user)
     limit = max(1, min(int(limit or 1), worker.concurrency, MAX_CLAIM_LIMIT))
-    jobs = _runnable(_claim_once(worker, limit))
+    served = _served(worker, user)
+    jobs = _runnable(_claim_once(worker, served, limit))
     if jobs:
         Worker.objects.filter(pk=worker.pk).update(last_heartbeat=db_now())
+    # A parked claim is woken for, and alike (``kind``) with, what it may claim now.
+    queues = served.queues
     return ClaimAttempt(
         worker_id=worker.pk,
         limit=limit,
         jobs=jobs,
-        queues=frozenset(worker.queues),
-        kind=(tuple(sorted(worker.queues)), tuple(sorted(worker.operations))),
-        retry_in=None if jobs else token_waits.seconds_left(worker.queues),
+        queues=frozenset(queues),
+        kind=(tuple(sorted(queues)), tuple(sorted(served.operations))),
+        retry_in=None if jobs else token_waits.seconds_left(queues),
     )
 
 

@@ -36,10 +36,12 @@ from jobs.remote.declared import (
 from jobs.remote.errors import (
     LeaseNotYours,
     LocalOperationRefused,
+    NotGranted,
     OperationOwned,
     RemoteRequestError,
     WorkerNotFound,
 )
+from jobs.remote.grants import grant_for
 from jobs.states import ACTIVE, CANCELLED, RUNNING
 from jobs.storable import text_problem
 from jobs.transitions import requeue_job
@@ -233,6 +235,37 @@ def _refuse_foreign(
         raise OperationOwned(owned)
 
 
+def _refuse_ungranted(
+    declarations: Sequence[Declaration], queues: Sequence[str] | None, user: Any
+) -> None:
+    """``NotGranted`` (403) when ``REMOTE_WORKER_GRANTS`` is set and does not allow the
+    account every operation named, every queue declared, and every queue served.
+
+    The queues served are ``queues`` when given, else each operation's queue (as
+    ``register_worker`` computes them). Superusers are not exempt (``jobs.remote.grants``).
+    """
+    grant = grant_for(user)
+    if grant is None:
+        return
+    username = user.get_username() if hasattr(user, "get_username") else str(user)
+    if grant.empty:
+        raise NotGranted(username, listed=False)
+    operations: list[tuple[str, str]] = []
+    refused_queues: list[tuple[str, str]] = []
+    for index, d in enumerate(declarations):
+        if not grant.allows_operation(d.name):
+            operations.append((f"operations.{index}.name", d.name))
+        if d.declared and not grant.allows_queue(declared := d.queue or "default"):
+            refused_queues.append((f"operations.{index}.queue", declared))
+        elif not queues and not d.declared and not grant.allows_queue(q := _queue_of(d)):
+            refused_queues.append((f"operations.{index}.name", q))
+    for index, queue in enumerate(queues or []):
+        if not grant.allows_queue(queue):
+            refused_queues.append((f"queues.{index}", queue))
+    if operations or refused_queues:
+        raise NotGranted(username, listed=True, operations=operations, queues=refused_queues)
+
+
 def _definition(row: RemoteOperation) -> dict[str, Any]:
     return {
         "queue": row.queue,
@@ -346,6 +379,7 @@ def register_worker(
             .filter(name__in=names)
             .select_related("owner")
         }
+        _refuse_ungranted(declarations, queues, user)
         _refuse_foreign(declarations, rows, user)
         for d in declarations:
             if d.declared:
