@@ -1,7 +1,7 @@
-"""The audit log as the dashboard shows it: labels and rows of ``OperatorAction``.
+"""The audit log as the queues page shows it: rows of ``OperatorAction`` in plain text.
 
-The rows are written by ``jobs.audit`` (one service for every face: API,
-dashboard, admin, ``jobs`` command); its names are re-exported here.
+The rows, the action names and their labels are the core's (``jobs.audit``);
+what is here only turns a row into what the page prints.
 """
 
 from __future__ import annotations
@@ -12,89 +12,20 @@ from datetime import datetime
 from django.db.models import QuerySet
 
 from jobs.audit import (
-    ADMIN_CHANGE,
     APPLY_SETTINGS,
     BULK_CANCEL,
     BULK_RETRY,
     CANCEL,
-    DECLARE_OPERATION,
     DISCARD,
     ENQUEUE,
-    PAUSE,
-    PURGE,
-    REDECLARE_OPERATION,
+    LABELS,
     REQUEUE_ORPHAN,
-    RESUME,
     RETRY,
     RUN_NOW,
-    SCHEDULE_CREATE,
-    SCHEDULE_DELETE,
-    SCHEDULE_PAUSE,
-    SCHEDULE_RESUME,
-    SCHEDULE_RUN,
-    SCHEDULE_UPDATE,
     SET_CAP,
     SET_RATE_LIMIT,
-    record_action,
 )
 from jobs.models import OperatorAction
-
-__all__ = [
-    "ADMIN_CHANGE",
-    "APPLY_SETTINGS",
-    "BULK_CANCEL",
-    "BULK_RETRY",
-    "CANCEL",
-    "DECLARE_OPERATION",
-    "DISCARD",
-    "ENQUEUE",
-    "LABELS",
-    "PAUSE",
-    "PURGE",
-    "REDECLARE_OPERATION",
-    "REQUEUE_ORPHAN",
-    "RESUME",
-    "RETRY",
-    "RUN_NOW",
-    "SCHEDULE_CREATE",
-    "SCHEDULE_DELETE",
-    "SCHEDULE_PAUSE",
-    "SCHEDULE_RESUME",
-    "SCHEDULE_RUN",
-    "SCHEDULE_UPDATE",
-    "SET_CAP",
-    "SET_RATE_LIMIT",
-    "ActionRow",
-    "record_action",
-    "recent_actions",
-    "recent_rows",
-]
-
-LABELS = {
-    CANCEL: "Cancelled",
-    RETRY: "Retried",
-    BULK_CANCEL: "Bulk cancel",
-    BULK_RETRY: "Bulk retry",
-    PAUSE: "Paused",
-    RESUME: "Resumed",
-    SET_CAP: "Concurrency cap",
-    SET_RATE_LIMIT: "Rate limit",
-    APPLY_SETTINGS: "Queue settings applied",
-    REQUEUE_ORPHAN: "Requeued orphan",
-    PURGE: "Purged finished jobs",
-    RUN_NOW: "Run now",
-    DISCARD: "Discarded",
-    ENQUEUE: "Enqueued",
-    SCHEDULE_CREATE: "Schedule created",
-    SCHEDULE_UPDATE: "Schedule changed",
-    SCHEDULE_DELETE: "Schedule deleted",
-    SCHEDULE_PAUSE: "Schedule paused",
-    SCHEDULE_RESUME: "Schedule resumed",
-    SCHEDULE_RUN: "Schedule run now",
-    DECLARE_OPERATION: "Operation declared",
-    REDECLARE_OPERATION: "Operation redeclared",
-    ADMIN_CHANGE: "Changed in the admin",
-}
 
 
 def recent_actions(limit: int = 20) -> QuerySet[OperatorAction]:

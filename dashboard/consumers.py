@@ -19,12 +19,12 @@ from django.http import QueryDict
 
 from dashboard import detail as detail_reads
 from dashboard import render, selectors
-from dashboard.db import bounded_reads, capped_count
-from dashboard.filters import JobFilters
-from dashboard.permissions import role_of
 from dashboard.relay import LIST_GROUP, SUMMARY_PAGES, Subscription, job_group, page_group, relay
 from jobs.models import Job
-from jobs.selectors import parse_timestamp, parse_uuid
+from jobs.permissions import role_of
+from jobs.selectors import JobFilters, parse_timestamp, parse_uuid, read_job_filters
+from jobs.selectors.counts import capped_count
+from jobs.selectors.timeouts import bounded_reads
 
 MAX_IDS = 500
 MAX_SEQ = 2**31 - 1  # the seq column is a 32-bit integer on every database
@@ -103,7 +103,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             if not isinstance(ids, list):
                 return None
             query = spec.get("query")
-            filters = JobFilters.from_query(QueryDict(query if isinstance(query, str) else ""))
+            filters = read_job_filters(QueryDict(query if isinstance(query, str) else ""))
             self.newest = parse_timestamp(spec.get("newest")) if spec.get("first_page") else None
             self.new_ids = set()
             self.new_base = 0
@@ -239,7 +239,7 @@ def _list_since_bounded(sub: Subscription, role: str, since, newest) -> tuple[st
         count = capped_count(
             sub.filters.apply(Job.objects.filter(created_at__gt=newest)), limit=999
         )
-        fresh = count.value
+        fresh = int(count)
         if fresh:
             html += render.new_jobs_banner(fresh, sub.filters.querystring(), many=count.capped)
     return html, fresh

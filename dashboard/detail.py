@@ -19,10 +19,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from dashboard.conf import setting
-from dashboard.db import Count, capped_count
-from dashboard.selectors import LIST_FIELDS, STATES, stale_before
+from dashboard.selectors import LIST_FIELDS, STATES
 from jobs.models import EventLevel, Job, JobEvent, Worker
 from jobs.selectors import job_events_after
+from jobs.selectors.counts import CountResult, capped_count
+from jobs.selectors.workers import stale_before
 from jobs.states import RUNNING
 from jobs.timeline import complete as complete_timeline
 
@@ -105,7 +106,7 @@ class JobDetail:
     worker_stale: bool
     parent: Job | None
     children: list[Job]
-    child_counts: dict[str, Count]
+    child_counts: dict[str, CountResult]
     progress: Progress | None
     failure: LastFailure | None = None
     # The host and pid of the latest run when its worker row is gone (``job.started``'s fields).
@@ -113,7 +114,7 @@ class JobDetail:
 
     @property
     def child_total(self) -> int:
-        return sum(c.value for c in self.child_counts.values())
+        return sum(int(c) for c in self.child_counts.values())
 
     @property
     def has_children(self) -> bool:

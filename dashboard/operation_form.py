@@ -27,8 +27,8 @@ from typing import Any
 
 from django.db import transaction
 
-from dashboard import audit
 from dashboard.inputs import printable
+from jobs import audit
 from jobs.enqueue import enqueue
 from jobs.exceptions import EnqueueError
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job

@@ -1,10 +1,9 @@
-"""Who may see and who may act.
+"""The dashboard's gates: view decorators and its 403 page over the roles of ``jobs.permissions``.
 
-Viewers hold ``controlplane.view_job`` and see everything; operators hold
-``controlplane.change_job`` and may also cancel, retry, pause and requeue. Superusers
-hold every permission, so they are operators. The checks live here and are
-called by every view and by the WebSocket consumer; templates only hide the
-buttons a user could not use anyway.
+The roles themselves (who is a viewer, who an operator) are the core's, shared
+with the admin and the WebSocket consumer; here they become redirects to the
+login page and 403 pages. Templates only hide the buttons a user could not use
+anyway.
 """
 
 from __future__ import annotations
@@ -17,35 +16,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-VIEW_PERM = "controlplane.view_job"
-ACT_PERM = "controlplane.change_job"
-
-OPERATOR = "operator"
-VIEWER = "viewer"
-ROLES = (OPERATOR, VIEWER)
-
-
-def can_act(user: Any) -> bool:
-    return bool(user and user.is_authenticated and user.is_active and user.has_perm(ACT_PERM))
-
-
-def can_view(user: Any) -> bool:
-    return bool(
-        user
-        and user.is_authenticated
-        and user.is_active
-        and (user.has_perm(VIEW_PERM) or user.has_perm(ACT_PERM))
-    )
-
-
-def role_of(user: Any) -> str | None:
-    """``operator``, ``viewer`` or ``None`` for someone who may not see the dashboard."""
-    if can_act(user):
-        return OPERATOR
-    if can_view(user):
-        return VIEWER
-    return None
-
+from jobs.permissions import can_act, can_view
 
 View = Callable[..., HttpResponse]
 
@@ -83,14 +54,3 @@ def operator_required(view: View) -> View:
         return view(request, *args, **kwargs)
 
     return wrapped
-
-
-def actor_name(user: Any) -> str:
-    """How an operator is named in a job's timeline (``by``).
-
-    A plain name stands for itself: the ``jobs`` command acts for a shell
-    user who has no account (``--by``), and the audit log stores no user then.
-    """
-    if isinstance(user, str):
-        return user
-    return user.get_username() if user and user.is_authenticated else "anonymous"

@@ -41,10 +41,10 @@ from dashboard import detail as detail_reads
 from dashboard import render, selectors
 from dashboard.conf import setting
 from dashboard.cursor import EventCursor, NewJobCursor, max_event_id
-from dashboard.db import bounded_reads
-from dashboard.filters import JobFilters
 from jobs.models import Job
 from jobs.remote.listener import listener
+from jobs.selectors import JobFilters
+from jobs.selectors.timeouts import bounded_reads
 from jobs.timeline import ENQUEUED_EVENT
 from jobs.wakeups import NOTIFY_CHANNEL as WAKEUP_CHANNEL
 

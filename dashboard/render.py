@@ -21,10 +21,10 @@ from django.utils.safestring import SafeString, mark_safe
 from dashboard import audit, selectors
 from dashboard import detail as detail_reads
 from dashboard.conf import setting
-from dashboard.permissions import OPERATOR
-from dashboard.waiting import waiting_of
 from jobs.models import Job, JobEvent
+from jobs.permissions import OPERATOR
 from jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL
+from jobs.waiting import waiting_of
 
 JOB_TEMPLATE = "dashboard/job_detail.html"
 LIST_TEMPLATE = "dashboard/jobs.html"
@@ -46,7 +46,7 @@ def overview_context() -> dict[str, Any]:
     queues = selectors.queue_rows()
     minutes = selectors.throughput()
     alive, stale = selectors.workers_alive()
-    totals = {s: sum(q.counts[s].value for q in queues if s in q.counts) for s in selectors.STATES}
+    totals = {s: sum(int(q.counts[s]) for q in queues if s in q.counts) for s in selectors.STATES}
     capped = {s: any(q.counts[s].capped for q in queues if s in q.counts) for s in selectors.STATES}
     oldest = min((q.oldest_ready for q in queues if q.oldest_ready), default=None)
     return {

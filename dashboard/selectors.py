@@ -21,16 +21,15 @@ from django.db.models.functions import Left, TruncMinute
 from django.utils import timezone
 
 from dashboard.conf import setting
-from dashboard.db import Count, cap, capped_count, table_estimate
-from dashboard.filters import JobFilters
-from dashboard.waiting import has_run, waiting_of
-from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.failures import FINGERPRINT_MESSAGE_CHARS, fingerprint
 from jobs.models import RECLAIM_EVENTS, BatchMessage, Job, JobEvent, Queue, QueueKind, Worker
 from jobs.replica import read_connection
-from jobs.selectors import JobCursor, after_cursor, estimated_count
+from jobs.selectors import JobCursor, JobFilters, after_cursor
+from jobs.selectors.counts import CountResult, capped_count, count_cap
+from jobs.selectors.workers import live_worker_ids, stale_before
 from jobs.states import FAILED, QUEUED, RUNNING, SUCCEEDED, Status
+from jobs.waiting import has_run, waiting_of
 
 STATES: tuple[str, ...] = tuple(s.value for s in Status)
 LIST_FIELDS = (
@@ -101,24 +100,6 @@ def job_page(
     )
 
 
-def job_count(filters: JobFilters) -> Count | None:
-    """How many jobs match, never by reading the whole table.
-
-    Unfiltered on PostgreSQL: the planner's row estimate. Filtered: counted up
-    to ``COUNT_CAP`` under a one-second limit (``jobs.selectors.estimated_count``);
-    a filter too rare to reach the cap in time (a payload key without an
-    index) falls back to the planner's estimate, or None when there is none.
-    """
-    if not filters.active:
-        estimate = table_estimate(Job._meta.db_table)
-        if estimate is not None and estimate.value > cap():
-            return estimate
-    result = estimated_count(filters.apply(Job.objects.all()), cap())
-    if result.value is None:
-        return Count(result.estimate, estimated=True) if result.estimate is not None else None
-    return Count(result.value, capped=result.capped)
-
-
 def job_rows(ids: Iterable[uuid.UUID | str]) -> list[Job]:
     """The list columns of some jobs (for re-rendering rows that changed)."""
     ids = list(ids)
@@ -131,7 +112,7 @@ def _list_rows():
 
 
 def _with_waiting(jobs: list[Job]) -> list[Job]:
-    """Set ``job.waiting`` (``dashboard.waiting``): why a queued row waits, for its badge."""
+    """Set ``job.waiting`` (``jobs.waiting``): why a queued row waits, for its badge."""
     now = timezone.now()
     for job in jobs:
         job.waiting = waiting_of(job, now)
@@ -162,11 +143,11 @@ def queue_names(limit: int = 1000) -> list[str]:
     return sorted(names)
 
 
-def queue_state_counts(names: Sequence[str]) -> dict[str, dict[str, Count]]:
+def queue_state_counts(names: Sequence[str]) -> dict[str, dict[str, CountResult]]:
     """Counts by state for each queue, each capped at ``COUNT_CAP``, in one statement."""
     if not names:
         return {}
-    limit = cap()
+    limit = count_cap()
     parts, params = [], []
     for name in names:
         for state in STATES:
@@ -175,17 +156,17 @@ def queue_state_counts(names: Sequence[str]) -> dict[str, dict[str, Count]]:
                 " WHERE queue = %s AND status = %s LIMIT %s) AS t)"
             )
             params += [name, state, name, state, limit + 1]
-    out: dict[str, dict[str, Count]] = {n: {} for n in names}
+    out: dict[str, dict[str, CountResult]] = {n: {} for n in names}
     with read_connection().cursor() as cursor:  # the replica inside on_replica
         cursor.execute(" UNION ALL ".join(parts), params)
         for name, state, n in cursor.fetchall():
-            out[name][state] = Count(min(n, limit), capped=n > limit)
+            out[name][state] = CountResult(min(n, limit), capped=n > limit)
     return out
 
 
 def batch_message_counts(
     names: Sequence[str], now: datetime | None = None
-) -> dict[str, dict[str, Count]]:
+) -> dict[str, dict[str, CountResult]]:
     """Messages of each batch queue by state, each capped at ``COUNT_CAP``, in one statement.
 
     A batch queue has no Job rows; its work is ``BatchMessage`` rows with a
@@ -202,7 +183,7 @@ def batch_message_counts(
         return {}
     d = dialect()
     table = BatchMessage._meta.db_table
-    limit = cap()
+    limit = count_cap()
     at = d.ts(now or timezone.now())
     parts, params = [], []
     for name in names:
@@ -215,15 +196,15 @@ def batch_message_counts(
             " WHERE queue = %s AND visible_after <= %s ORDER BY visible_after LIMIT %s) AS m) AS v"
         )
         params += [name, name, at, limit + 1, name, at, limit + 1]
-    out: dict[str, dict[str, Count]] = {}
+    out: dict[str, dict[str, CountResult]] = {}
     with read_connection().cursor() as cursor:  # the replica inside on_replica
         cursor.execute(" UNION ALL ".join(parts), params)
         for name, hidden, visible, dead in cursor.fetchall():
             capped = visible > limit
             out[name] = {
-                "waiting": Count(min(visible - dead, limit), capped=capped),
-                "in_flight": Count(min(hidden, limit), capped=hidden > limit),
-                "dead": Count(int(dead), capped=capped),
+                "waiting": CountResult(min(visible - dead, limit), capped=capped),
+                "in_flight": CountResult(min(hidden, limit), capped=hidden > limit),
+                "dead": CountResult(int(dead), capped=capped),
             }
     return out
 
@@ -250,10 +231,10 @@ class QueueRow:
     kind: str
     paused: bool
     concurrency_cap: int | None
-    counts: dict[str, Count]
+    counts: dict[str, CountResult]
     oldest_ready: datetime | None
     # A batch queue's messages by state (``batch_message_counts``); None for a job queue.
-    messages: dict[str, Count] | None = None
+    messages: dict[str, CountResult] | None = None
     rate_limit_per_second: float | None = None  # jobs started per second, cluster-wide
 
     @property
@@ -267,7 +248,8 @@ class QueueRow:
         if self.messages is not None:
             return any(c.value for c in self.messages.values())
         return bool(
-            self.counts.get(QUEUED, Count(0)).value or self.counts.get(RUNNING, Count(0)).value
+            self.counts.get(QUEUED, CountResult(0)).value
+            or self.counts.get(RUNNING, CountResult(0)).value
         )
 
 
@@ -421,10 +403,6 @@ class WorkerRow:
     current: list[Job] = field(default_factory=list)
 
 
-def stale_before(now: datetime | None = None) -> datetime:
-    return (now or timezone.now()) - timedelta(seconds=float(knob("WORKER_TIMEOUT_SECONDS")))
-
-
 def worker_rows() -> list[WorkerRow]:
     """Every worker, live ones first, with the jobs it is running."""
     cutoff = stale_before()
@@ -435,12 +413,6 @@ def worker_rows() -> list[WorkerRow]:
         for job in running.order_by("started_at")[:2000]:
             rows[job.worker_id].current.append(job)
     return sorted(rows.values(), key=lambda r: (r.stale, r.worker.hostname, r.worker.pid or 0))
-
-
-def live_worker_ids() -> list[uuid.UUID]:
-    return list(
-        Worker.objects.filter(last_heartbeat__gte=stale_before()).values_list("pk", flat=True)
-    )
 
 
 def _orphans():
@@ -458,7 +430,7 @@ def orphaned_jobs(limit: int = 50) -> list[Job]:
     return list(_orphans().only(*LIST_FIELDS).order_by("started_at")[:limit])
 
 
-def orphan_count() -> Count:
+def orphan_count() -> CountResult:
     return capped_count(_orphans())
 
 

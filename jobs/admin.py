@@ -2,25 +2,25 @@
 
 Jobs change only through ``jobs.transitions``, so the admin never edits a
 job: every job page is read-only and the Cancel and Retry actions call the
-dashboard's own functions (``dashboard.actions``), which write the same
-events (``by`` = the operator) and the same ``OperatorAction`` audit row.
-Queue settings go through the dashboard's ``set_paused`` and
-``set_concurrency_cap`` for the same reason. Who may do what follows the
-dashboard's roles (``dashboard.permissions``): viewers see, operators act.
+domain services every face uses (``jobs.operator_actions``,
+``jobs.bulk_actions``), which write the same events (``by`` = the operator)
+and the same ``OperatorAction`` audit row. Queue settings go through
+``set_paused`` and ``set_concurrency_cap`` for the same reason. Who may do
+what follows the operator roles (``jobs.permissions``): viewers see,
+operators act.
 
 Built for a million jobs: the job list never counts the whole table (a count
 capped at ``COUNT_CAP``, with the planner's estimate beyond it on PostgreSQL),
 its filters take their choices from the Queue table and the registered
 operations instead of ``SELECT DISTINCT`` over every job, search never runs a
-leading-wildcard ``LIKE``, and the page is read under the dashboard's
-statement timeout.
+leading-wildcard ``LIKE``, and the page is read under the same statement
+timeout as the dashboard's (``jobs.selectors.timeouts``).
 
 Django's ``AdminConfig`` imports this module at set-up in every process of a
 project that lists ``django.contrib.admin``: workers, the reaper, ``migrate``.
 So it imports only what defining and registering the ``ModelAdmin`` classes
-takes; the dashboard's actions, permissions, selectors and audit log (with
-the auth views and forms behind them) and the count helpers load in the
-methods that use them, when a page is shown.
+takes; the actions, selectors and count helpers load in the methods that
+use them, when a page is shown.
 """
 
 from __future__ import annotations
@@ -78,20 +78,19 @@ class CappedPaginator(Paginator):
 
 
 def _cap() -> int:
-    from dashboard.db import cap
+    from jobs.selectors.counts import count_cap
 
-    return cap()
+    return count_cap()
 
 
 def list_total(queryset: QuerySet) -> CountResult:
     """How many rows a changelist holds, as far as the cap (see ``CappedPaginator``)."""
-    from dashboard.db import table_estimate
-    from jobs.selectors.counts import CountResult, estimated_count
+    from jobs.selectors.counts import CountResult, estimated_count, table_estimate
 
     limit = _cap()
     if not queryset.query.has_filters():
         estimate = table_estimate(queryset.model._meta.db_table, using=queryset.db)
-        if estimate is not None and estimate.value > limit:
+        if estimate is not None and estimate.value is not None and estimate.value > limit:
             return CountResult(value=limit, capped=True, estimate=estimate.value)
     if connections[queryset.db].vendor != "postgresql":
         return estimated_count(queryset, limit)
@@ -124,7 +123,7 @@ class BoundedListAdmin(admin.ModelAdmin):
 
     The page is rendered inside ``bounded_reads`` because the rows are
     fetched while the template renders; a read past the timeout (or stuck
-    behind a table lock) answers the dashboard's 503 page instead of holding
+    behind a table lock) answers a 503 page instead of holding
     a database backend. Actions (POST) run outside it, like the dashboard's.
     """
 
@@ -139,7 +138,7 @@ class BoundedListAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         if request.method not in ("GET", "HEAD"):
             return super().changelist_view(request, extra_context)
-        from dashboard.db import bounded_reads, is_timeout, timeout_response
+        from jobs.selectors.timeouts import bounded_reads, is_timeout
 
         try:
             with bounded_reads():
@@ -155,7 +154,7 @@ class BoundedListAdmin(admin.ModelAdmin):
         except DatabaseError as error:
             if not is_timeout(error):
                 raise
-            return timeout_response(request)
+            return _timeout_response(request)
         return response
 
 
@@ -169,14 +168,36 @@ class ViewerMixin:
         return _can_view(request) or super().has_module_permission(request)  # type: ignore[misc]
 
 
+# The admin's 503 page, in the admin's own frame (kept here: the app ships no templates).
+_TIMEOUT_PAGE = """{% extends "admin/base_site.html" %}{% block content %}<div id="content-main">
+<p>The database needed more than {{ timeout_ms }} ms for this page, so the query was stopped
+to keep the database responsive for workers.</p>
+<p>Narrow the list with a filter or a search and try again.</p></div>{% endblock %}"""
+
+
+def _timeout_response(request: HttpRequest) -> HttpResponse:
+    """503: the page's reads ran past the statement timeout and were stopped."""
+    from django.template import engines
+
+    from jobs.conf import knob
+
+    context = {
+        **admin.site.each_context(request),
+        "title": "That took too long",
+        "timeout_ms": int(knob("DASHBOARD_STATEMENT_TIMEOUT_MS")),
+    }
+    page = engines["django"].from_string(_TIMEOUT_PAGE)
+    return HttpResponse(page.render(context, request), status=503)
+
+
 def _can_view(request: HttpRequest) -> bool:
-    from dashboard.permissions import can_view
+    from jobs.permissions import can_view
 
     return can_view(request.user)
 
 
 def _can_act(request: HttpRequest) -> bool:
-    from dashboard.permissions import can_act
+    from jobs.permissions import can_act
 
     return can_act(request.user)
 
@@ -458,14 +479,14 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
         self._run(request, queryset, "retry")
 
     def _run(self, request: HttpRequest, queryset: QuerySet, kind: str) -> None:
-        """One job goes the job page's way, several the bulk way; both are the dashboard's."""
-        from dashboard import actions as dashboard_actions
+        """One job goes the one-job service, several the bulk one (as on the dashboard)."""
+        from jobs import bulk_actions, operator_actions
 
         done = {"cancel": "Cancelled", "retry": "Retried"}[kind]
         sample = list(queryset.order_by().values_list("pk", flat=True)[:2])
         if len(sample) == 1:
             run_one = (
-                dashboard_actions.cancel_one if kind == "cancel" else dashboard_actions.retry_one
+                operator_actions.cancel_job if kind == "cancel" else operator_actions.retry_job
             )
             try:
                 changed = int(run_one(sample[0], user=request.user))
@@ -475,12 +496,12 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
             self._report(request, kind, done, changed, truncated=False)
             return
         limit = _cap()
-        eligible = queryset.filter(status__in=dashboard_actions.ACTIONS[kind])
+        eligible = queryset.filter(status__in=bulk_actions.ACTIONS[kind])
         ids = list(
             eligible.order_by("-created_at", "-id").values_list("pk", flat=True)[: limit + 1]
         )
-        plan = dashboard_actions.plan_bulk(kind, scope="selected", ids=ids[:limit])
-        changed = dashboard_actions.run_bulk(plan, user=request.user)
+        plan = bulk_actions.plan_bulk(kind, scope="selected", ids=ids[:limit])
+        changed = bulk_actions.run_bulk(plan, user=request.user)
         self._report(request, kind, done, changed, truncated=len(ids) > limit)
 
     def _report(
@@ -529,7 +550,7 @@ class WorkerAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(boolean=True, description="alive")
     def alive(self, worker: Worker) -> bool:
-        from dashboard.selectors import stale_before
+        from jobs.selectors.workers import stale_before
 
         return worker.last_heartbeat >= stale_before()
 
@@ -613,7 +634,7 @@ class ActionFilter(admin.SimpleListFilter):
     parameter_name = "action"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        from dashboard.audit import LABELS
+        from jobs.audit import LABELS
 
         return list(LABELS.items())
 

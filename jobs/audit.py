@@ -8,7 +8,8 @@ transaction as the change where the change is a single write. Job timelines
 already carry ``by`` on their events; this log also covers queue settings,
 which have no timeline, and records a bulk action once, with the filter it used.
 The API, the dashboard, the admin and the ``jobs`` command all write through
-``record_action``; ``dashboard.audit`` adds the labels the pages show.
+``record_action``; ``LABELS`` names each action for people (the dashboard's
+log, the admin's filter), so every face calls an action the same.
 """
 
 from __future__ import annotations
@@ -46,6 +47,33 @@ REDECLARE_OPERATION = "redeclare_operation"
 # A change made through the Django admin (jobs.admin): target is the object,
 # filter the model and the changed fields.
 ADMIN_CHANGE = "admin_change"
+
+# Each action as people read it in a log.
+LABELS: dict[str, str] = {
+    CANCEL: "Cancelled",
+    RETRY: "Retried",
+    BULK_CANCEL: "Bulk cancel",
+    BULK_RETRY: "Bulk retry",
+    PAUSE: "Paused",
+    RESUME: "Resumed",
+    SET_CAP: "Concurrency cap",
+    SET_RATE_LIMIT: "Rate limit",
+    APPLY_SETTINGS: "Queue settings applied",
+    REQUEUE_ORPHAN: "Requeued orphan",
+    PURGE: "Purged finished jobs",
+    RUN_NOW: "Run now",
+    DISCARD: "Discarded",
+    ENQUEUE: "Enqueued",
+    SCHEDULE_CREATE: "Schedule created",
+    SCHEDULE_UPDATE: "Schedule changed",
+    SCHEDULE_DELETE: "Schedule deleted",
+    SCHEDULE_PAUSE: "Schedule paused",
+    SCHEDULE_RESUME: "Schedule resumed",
+    SCHEDULE_RUN: "Schedule run now",
+    DECLARE_OPERATION: "Operation declared",
+    REDECLARE_OPERATION: "Operation redeclared",
+    ADMIN_CHANGE: "Changed in the admin",
+}
 
 
 def actor_name(user: Any) -> str:

@@ -1,29 +1,38 @@
-"""Operator actions on queues and job sets: one service per action, each writing its audit row.
+"""Operator actions on one job or one queue: one service per action, each writing its audit row.
 
 The REST API, the dashboard, the Django admin and the ``jobs`` command call
 these and add only parsing and rendering, so an action cannot drift between
-faces nor skip the audit log (``jobs.audit``). A queue's settings row is
+faces nor skip the audit log (``jobs.audit``). Every job change goes through
+``jobs.transitions``, so it is guarded and leaves an event carrying the
+operator's name (``by``) and reason; the audit row is written in the same
+transaction where the change is a single write. A queue's settings row is
 created on first use with its default kind; resuming a queue, or lifting
-its rate limit, wakes its waiting workers (PostgreSQL NOTIFY).
+its rate limit, wakes its waiting workers (PostgreSQL NOTIFY). Actions on
+sets of jobs are in ``jobs.bulk_actions``.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import fields
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from jobs import audit, transitions
-from jobs.exceptions import ControlPlaneError
-from jobs.models import Queue
-from jobs.selectors import JobFilters, job_ids_batches
-from jobs.states import ACTIVE, CANCELLED, FAILED
-from jobs.transitions import cancel_jobs, retry_jobs
+from jobs.exceptions import ControlPlaneError, JobNotFound
+from jobs.models import Job, Queue
+from jobs.rescheduling import NotWaiting, run_job_now
+from jobs.selectors.workers import live_worker_ids
+from jobs.states import RUNNING, TERMINAL
 from jobs.wakeups import notify_queues
 
-BULK_BATCH_SIZE = 500
+REASON_MAX = 500
+
+
+def normalise_reason(reason: str | None) -> str:
+    """An operator's reason as every face stores it: trimmed, at most ``REASON_MAX`` characters."""
+    return (reason or "").strip()[:REASON_MAX]
 
 
 def cancel_job(job_id: uuid.UUID, *, user: Any, reason: str | None = None) -> bool:
@@ -31,7 +40,7 @@ def cancel_job(job_id: uuid.UUID, *, user: Any, reason: str | None = None) -> bo
 
     False if it had already ended (audited with count 0).
     """
-    reason = (reason or "").strip()[:500]
+    reason = normalise_reason(reason)
     with transaction.atomic():
         changed = transitions.cancel_job(job_id, by=audit.actor_name(user), reason=reason or None)
         audit.record_action(
@@ -48,7 +57,7 @@ def retry_job(
     False if it was not retryable; with ``refusal`` the refusal (``IllegalTransition``,
     ``JobNotFound``) is raised instead, after its audit row is written.
     """
-    reason = (reason or "").strip()[:500]
+    reason = normalise_reason(reason)
     refused: ControlPlaneError | None = None
     with transaction.atomic():
         try:
@@ -62,6 +71,147 @@ def retry_job(
     if refused is not None and refusal:
         raise refused
     return refused is None
+
+
+def requeue_orphan(job_id: uuid.UUID, *, user: Any) -> bool:
+    """Requeue a running job whose worker is stale or gone. False if it is no longer orphaned.
+
+    Checked again here, not only where the job was shown: the worker may have
+    come back since, and a live worker's job must not be taken away.
+    """
+    by = audit.actor_name(user)
+    job = (
+        Job.objects.filter(pk=job_id, status=RUNNING, lease_token__isnull=False)
+        .only("id", "worker_id")
+        .first()
+    )
+    changed = False
+    if job is not None and not (job.worker_id and job.worker_id in set(live_worker_ids())):
+        reason = f"requeued by {by} from the dashboard: its worker is stale or gone"
+        try:
+            with transaction.atomic():
+                transitions.requeue_job(job.pk, lease_token=None, reason=reason, by=by)
+                audit.record_action(user, audit.REQUEUE_ORPHAN, target=str(job_id), count=1)
+            changed = True
+        except ControlPlaneError:
+            pass
+    if not changed:
+        audit.record_action(user, audit.REQUEUE_ORPHAN, target=str(job_id), count=0)
+    return changed
+
+
+def run_now(job_id: uuid.UUID, *, user: Any, reason: str | None = None) -> bool:
+    """Make a job waiting for a later time (scheduled, or a retry's backoff) claimable now.
+
+    False if it was not waiting (already due, claimed or ended); the audit row
+    is written either way, as for a refused retry. ``JobNotFound`` propagates.
+    """
+    reason = normalise_reason(reason)
+    with transaction.atomic():
+        try:
+            with transaction.atomic():  # a refusal must not undo the audit row
+                run_job_now(job_id, by=audit.actor_name(user), reason=reason or None)
+            changed = True
+        except NotWaiting:
+            changed = False
+        audit.record_action(
+            user, audit.RUN_NOW, target=str(job_id), count=int(changed), reason=reason
+        )
+    return changed
+
+
+# Most descendants one discard deletes with its job; a bigger tree is left
+# to the reaper's retention, which deletes in batches.
+DISCARD_MAX_DESCENDANTS = 1000
+
+
+@dataclass(frozen=True)
+class Discard:
+    """What a discard did: ``deleted`` jobs (the job and its descendants), or why none."""
+
+    deleted: int = 0
+    refused: str = ""
+
+
+def _descendant_ids(job_id: uuid.UUID, limit: int) -> list[Any]:
+    """Ids of every job below ``job_id`` (children, grandchildren…), at most ``limit``."""
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH RECURSIVE tree(id) AS (SELECT id FROM {table} WHERE parent_id = %s "
+            f"UNION SELECT j.id FROM {table} j JOIN tree t ON j.parent_id = t.id) "
+            "SELECT id FROM tree LIMIT %s",
+            [Job._meta.pk.get_db_prep_value(job_id, connection), limit],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def discard_job(job_id: uuid.UUID, *, user: Any, reason: str = "") -> Discard:
+    """Delete a finished job with its timeline, batch rows and finished descendants.
+
+    Refused (nothing deleted) while the job is queued or running, or while
+    any job below it is: deleting a parent deletes its children, as the
+    reaper's retention would once they had all finished. The job and every
+    descendant are locked (PostgreSQL; SQLite's IMMEDIATE transaction holds
+    the write lock) before their statuses are checked, and the tree is read
+    again under the locks, so a retry or a new child landing meanwhile is
+    seen rather than deleted. The audit row, written either way, names the
+    job's operation and status in its ``filter``, as the job itself is gone.
+    ``JobNotFound`` propagates.
+    """
+    reason = normalise_reason(reason)
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update()
+            .filter(pk=job_id)
+            .values("status", "operation", "queue")
+            .first()
+        )
+        if job is None:
+            raise JobNotFound(job_id)
+        refused, below = _discard_check(job_id, job["status"])
+        deleted = 0
+        if not refused:
+            _, per_model = Job.objects.filter(pk__in=[job_id, *below]).delete()
+            deleted = per_model.get(Job._meta.label, 0)
+        described = {**job, "descendants": len(below)}
+        if refused:
+            described["refused"] = refused
+        audit.record_action(
+            user, audit.DISCARD, target=str(job_id), count=deleted, filters=described, reason=reason
+        )
+    return Discard(deleted=deleted, refused=refused)
+
+
+def _discard_check(job_id: uuid.UUID, status: str) -> tuple[str, list[Any]]:
+    """Why the job may not be discarded (and no ids), or "" and its locked descendants."""
+    terminal = {s.value for s in TERMINAL}
+    if status not in terminal:
+        return (
+            f"Only a finished job can be discarded; this one is {status}. "
+            "Cancel it first, or wait for it to finish."
+        ), []
+    found = _descendant_ids(job_id, DISCARD_MAX_DESCENDANTS + 1)
+    if len(found) > DISCARD_MAX_DESCENDANTS:
+        return (
+            f"This job has more than {DISCARD_MAX_DESCENDANTS:,} descendants; "
+            "the reaper's retention deletes a tree that big in batches."
+        ), []
+    statuses = Job.objects.select_for_update().filter(pk__in=found).values_list("status", flat=True)
+    unfinished = sum(1 for s in statuses if s not in terminal)
+    if unfinished:
+        return (
+            f"{_plural(unfinished, 'job')} below this one "
+            f"{'is' if unfinished == 1 else 'are'} not finished; cancel them or wait for them "
+            "first (discarding a parent deletes its children)."
+        ), []
+    if set(_descendant_ids(job_id, DISCARD_MAX_DESCENDANTS + 1)) != set(found):
+        return "A child job was added meanwhile; nothing was deleted. Try again.", []
+    return "", found
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def set_paused(name: str, paused: bool, *, user: Any = None) -> Queue:
@@ -108,78 +258,3 @@ def set_rate_limit(name: str, value: float | None, *, user: Any = None) -> Queue
     if value is None:
         notify_queues([name])  # workers holding off for a token claim at once
     return queue
-
-
-def _described(filters: JobFilters) -> dict[str, Any]:
-    """The filter as the audit log stores it: its set fields, as JSON."""
-    described: dict[str, Any] = {}
-    for field in fields(filters):
-        key, value = field.name, getattr(filters, field.name)
-        if value == field.default:
-            continue
-        if isinstance(value, (list, tuple, set, frozenset)):
-            value = sorted(str(v) for v in value)
-        elif not isinstance(value, (str, int, float, bool)):
-            value = str(value)
-        described[key] = value
-    return described
-
-
-def bulk_cancel(
-    filters: JobFilters,
-    *,
-    user: Any = None,
-    by: str | None = None,
-    reason: str | None = None,
-    batch_size: int | None = None,
-) -> int:
-    """Cancel the queued and running jobs matching ``filters`` (and their descendants).
-
-    Walks them in bounded batches (one transaction each); returns how many
-    jobs changed state, cascades included. Audited once, with the filter,
-    even when a batch fails midway. ``by`` names the actor in the jobs'
-    timelines (default: ``user``'s name).
-    """
-    return _bulk(filters, cancel=True, user=user, by=by, reason=reason, batch_size=batch_size)
-
-
-def bulk_retry(
-    filters: JobFilters,
-    *,
-    user: Any = None,
-    by: str | None = None,
-    reason: str | None = None,
-    batch_size: int | None = None,
-) -> int:
-    """Put the failed and cancelled jobs matching ``filters`` back on their queues (audited)."""
-    return _bulk(filters, cancel=False, user=user, by=by, reason=reason, batch_size=batch_size)
-
-
-def _bulk(
-    filters: JobFilters,
-    *,
-    cancel: bool,
-    user: Any,
-    by: str | None,
-    reason: str | None,
-    batch_size: int | None,
-) -> int:
-    actor = by if by is not None else (audit.actor_name(user) if user is not None else None)
-    statuses = [s.value for s in ACTIVE] if cancel else [FAILED.value, CANCELLED.value]
-    change = cancel_jobs if cancel else retry_jobs
-    changed = 0
-    try:
-        for ids in job_ids_batches(
-            filters, statuses=statuses, batch_size=batch_size or BULK_BATCH_SIZE
-        ):
-            changed += len(change(ids, by=actor, reason=reason))
-    finally:
-        audit.record_action(
-            user if user is not None else actor,
-            audit.BULK_CANCEL if cancel else audit.BULK_RETRY,
-            target="filter",
-            count=changed,
-            filters=_described(filters),
-            reason=reason or "",
-        )
-    return changed

@@ -135,7 +135,7 @@ def apply_configured_queues() -> list[str]:
     configured = configured_queues()
     if not configured:  # most deployments: the audit log (with the auth views) stays unloaded
         return []
-    from dashboard import audit
+    from jobs import audit
 
     applied = []
     for name, wanted in configured.items():

@@ -45,6 +45,22 @@ def text_problem(value: str) -> str | None:
     return None
 
 
+REPLACEMENT = "\ufffd"
+
+
+def printable(value: str) -> str:
+    """``value`` with each NUL and lone surrogate replaced by U+FFFD.
+
+    For echoing refused text back into a page or an error: the operator sees
+    where the bad character was, and the response can always be encoded.
+    """
+    if text_problem(value) is None:
+        return value
+    return "".join(
+        REPLACEMENT if ch == "\x00" or "\ud800" <= ch <= "\udfff" else ch for ch in value
+    )
+
+
 def depth_problem(max_depth: int = MAX_DEPTH) -> str:
     """The reason given for a value nested deeper than ``max_depth``."""
     return (

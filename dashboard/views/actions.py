@@ -1,5 +1,6 @@
-"""Operator actions. Each view checks the role (``action``), calls one function of
-``dashboard.actions`` and redirects back with a message saying what changed."""
+"""Operator actions. Each view checks the role (``action``), calls one domain service
+(``jobs.operator_actions``, ``jobs.bulk_actions``) and redirects back with a message
+saying what changed."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from dashboard import actions
-from dashboard.db import is_timeout, timeout_response
-from dashboard.filters import JobFilters
+from dashboard.db import timeout_response
 from dashboard.views.common import action, base_context, refused
+from jobs import bulk_actions, operator_actions
 from jobs.exceptions import JobNotFound
-from jobs.queue_limits import LimitError, parse_rate
-from jobs.selectors import parse_uuid
+from jobs.queue_limits import LimitError, check_cap, parse_rate
+from jobs.selectors import parse_uuid, read_job_filters
+from jobs.selectors.timeouts import is_timeout
 
 VERBS = {"cancel": ("Cancel", "Cancelled", "cancelled"), "retry": ("Retry", "Retried", "retried")}
 
@@ -40,7 +41,7 @@ def _plural(n: int, word: str = "job") -> str:
 @action
 def cancel(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     try:
-        changed = actions.cancel_one(
+        changed = operator_actions.cancel_job(
             job_id, user=request.user, reason=request.POST.get("reason", "")
         )
     except JobNotFound:
@@ -54,7 +55,7 @@ def cancel(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
 
 @action
 def retry(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
-    if actions.retry_one(job_id, user=request.user, reason=request.POST.get("reason", "")):
+    if operator_actions.retry_job(job_id, user=request.user, reason=request.POST.get("reason", "")):
         messages.success(request, "Job queued again.")
     else:
         messages.info(request, "Only failed or cancelled jobs can be retried; nothing changed.")
@@ -64,7 +65,7 @@ def retry(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
 @action
 def run_now(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     try:
-        changed = actions.run_now_one(
+        changed = operator_actions.run_now(
             job_id, user=request.user, reason=request.POST.get("reason", "")
         )
     except JobNotFound:
@@ -82,7 +83,7 @@ def run_now(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
 def discard(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     """Delete a finished job; on success go to the list, since its page is gone."""
     try:
-        outcome = actions.discard_one(
+        outcome = operator_actions.discard_job(
             job_id, user=request.user, reason=request.POST.get("reason", "")
         )
     except JobNotFound:
@@ -107,7 +108,7 @@ def bulk(request: HttpRequest) -> HttpResponse:
     The filters travel in the query string (as on the list), the selection
     and the action in the form.
     """
-    filters = JobFilters.from_query(request.GET)
+    filters = read_job_filters(request.GET)
     if filters.errors:
         # A filter that is reported and not applied would widen the action to
         # jobs the operator never meant: refuse instead.
@@ -122,7 +123,7 @@ def bulk(request: HttpRequest) -> HttpResponse:
     scope = "filter" if scope == "filter" else "selected"
     ids = [i for i in (parse_uuid(v) for v in request.POST.getlist("ids")[:1000]) if i]
     list_url = reverse("dashboard:jobs") + (f"?{filters.querystring()}" if filters.active else "")
-    if kind not in actions.ACTIONS:
+    if kind not in bulk_actions.ACTIONS:
         messages.error(request, "Choose Cancel or Retry.")
         return HttpResponseRedirect(list_url)
     if scope == "selected" and not ids:
@@ -131,7 +132,7 @@ def bulk(request: HttpRequest) -> HttpResponse:
         )
         return HttpResponseRedirect(list_url)
     try:
-        plan = actions.plan_bulk(kind, scope=scope, ids=ids, filters=filters)
+        plan = bulk_actions.plan_bulk(kind, scope=scope, ids=ids, filters=filters)
     except DatabaseError as error:
         if not is_timeout(error):
             raise
@@ -148,7 +149,9 @@ def bulk(request: HttpRequest) -> HttpResponse:
         }
         return render(request, "dashboard/bulk_confirm.html", context)
     try:
-        changed = actions.run_bulk(plan, user=request.user, reason=request.POST.get("reason", ""))
+        changed = bulk_actions.run_bulk(
+            plan, user=request.user, reason=request.POST.get("reason", "")
+        )
     except DatabaseError as error:
         if not is_timeout(error):
             raise
@@ -168,7 +171,7 @@ def bulk(request: HttpRequest) -> HttpResponse:
 
 @action
 def requeue(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
-    if actions.requeue_orphan(job_id, user=request.user):
+    if operator_actions.requeue_orphan(job_id, user=request.user):
         messages.success(request, "Job requeued: another worker will pick it up.")
     else:
         messages.info(request, "The job is no longer orphaned (its worker is alive or it ended).")
@@ -185,7 +188,7 @@ def _queue_name(request: HttpRequest) -> str:
 @action
 def pause(request: HttpRequest) -> HttpResponse:
     name = _queue_name(request)
-    actions.set_paused(name, True, user=request.user)
+    operator_actions.set_paused(name, True, user=request.user)
     messages.success(request, f"Queue {name} paused: workers stop claiming from it.")
     return _back(request, reverse("dashboard:queues"))
 
@@ -193,22 +196,28 @@ def pause(request: HttpRequest) -> HttpResponse:
 @action
 def resume(request: HttpRequest) -> HttpResponse:
     name = _queue_name(request)
-    actions.set_paused(name, False, user=request.user)
+    operator_actions.set_paused(name, False, user=request.user)
     messages.success(request, f"Queue {name} resumed.")
     return _back(request, reverse("dashboard:queues"))
+
+
+def _parse_cap(raw: str) -> int | None:
+    """A cap from the form: blank clears it; otherwise ``check_cap``'s whole number (ValueError)."""
+    raw = (raw or "").strip()
+    return check_cap(int(raw)) if raw else None
 
 
 @action
 def set_cap(request: HttpRequest) -> HttpResponse:
     name = _queue_name(request)
     try:
-        value = actions.parse_cap(request.POST.get("concurrency_cap", ""))
+        value = _parse_cap(request.POST.get("concurrency_cap", ""))
     except ValueError:
         messages.error(
             request, "The cap must be a whole number from 1 to 100,000, or empty for none."
         )
         return _back(request, reverse("dashboard:queues"))
-    actions.set_concurrency_cap(name, value, user=request.user)
+    operator_actions.set_concurrency_cap(name, value, user=request.user)
     if value is None:
         messages.success(request, f"Queue {name} has no concurrency cap now.")
     else:
@@ -224,7 +233,7 @@ def set_rate_limit(request: HttpRequest) -> HttpResponse:
     except LimitError as error:
         messages.error(request, f"{error} Leave it empty for none.")
         return _back(request, reverse("dashboard:queues"))
-    actions.set_rate_limit(name, value, user=request.user)
+    operator_actions.set_rate_limit(name, value, user=request.user)
     if value is None:
         messages.success(request, f"Queue {name} has no rate limit now.")
     else:

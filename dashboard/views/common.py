@@ -14,8 +14,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from dashboard.conf import setting
 from dashboard.db import bounded
 from dashboard.inputs import printable, request_problems
-from dashboard.permissions import operator_required, role_of, viewer_required
+from dashboard.permissions import operator_required, viewer_required
 from dashboard.security import csp
+from jobs.permissions import role_of
 
 View = Callable[..., HttpResponse]
 

@@ -12,13 +12,20 @@ from django.utils import timezone
 from dashboard import detail as detail_reads
 from dashboard import render as fragments
 from dashboard import selectors
-from dashboard.db import capped_count
-from dashboard.filters import RANGES, JobFilters
-from dashboard.permissions import role_of
+from dashboard.filters import when_tabs
 from dashboard.views.common import base_context, no_store, page
 from jobs.models import Job, RemoteOperation
 from jobs.operations import registry
-from jobs.selectors import InvalidFilter, parse_timestamp, parse_uuid
+from jobs.permissions import role_of
+from jobs.selectors import (
+    RANGES,
+    InvalidFilter,
+    job_count,
+    parse_timestamp,
+    parse_uuid,
+    read_job_filters,
+)
+from jobs.selectors.counts import capped_count
 
 # The timeline's level filter links: (query value, label); "" shows everything.
 LEVEL_FILTERS = (("", "All"), ("warning", "Warnings and errors"), ("error", "Errors"))
@@ -26,7 +33,7 @@ LEVEL_FILTERS = (("", "All"), ("warning", "Warnings and errors"), ("error", "Err
 
 def _list_context(request: HttpRequest) -> dict:
     loaded_at = timezone.now()  # before the reads: later changes reach the page live
-    filters = JobFilters.from_query(request.GET)
+    filters = read_job_filters(request.GET)
     after, before = request.GET.get("after", ""), request.GET.get("before", "")
     cursor_error = ""
     try:
@@ -37,6 +44,7 @@ def _list_context(request: HttpRequest) -> dict:
         after = before = ""
     return {
         "filters": filters,
+        "when_tabs": when_tabs(filters),
         "page": result,
         "jobs": result.jobs,
         "first_page": not (after or before) or result.prev_cursor is None,
@@ -70,7 +78,7 @@ def job_list_live(request: HttpRequest) -> HttpResponse:
     html = fragments.rows_oob(selectors.job_rows(ids), role)
     newest = parse_timestamp(request.GET.get("newest"))
     if newest is not None:
-        filters = JobFilters.from_query(request.GET)
+        filters = read_job_filters(request.GET)
         fresh = capped_count(filters.apply(Job.objects.filter(created_at__gt=newest)), limit=999)
         if fresh.value:
             html += fragments.new_jobs_banner(fresh.value, filters.querystring(), many=fresh.capped)
@@ -80,8 +88,9 @@ def job_list_live(request: HttpRequest) -> HttpResponse:
 @page
 def job_list_count(request: HttpRequest) -> HttpResponse:
     """The list's count, loaded after the page: a rare filter may take a second to count."""
-    filters = JobFilters.from_query(request.GET)
-    context = {"total": selectors.job_count(filters), "filters": filters, "counted": True}
+    filters = read_job_filters(request.GET)
+    total = job_count(filters, estimate_table=True)
+    context = {"total": total if total.known else None, "filters": filters, "counted": True}
     return HttpResponse(render_to_string(f"{fragments.LIST_TEMPLATE}#total", context))
 
 

@@ -16,9 +16,10 @@ from django.urls import reverse
 
 from dashboard import operation_form
 from dashboard.inputs import printable
-from dashboard.permissions import can_act, operator_required
+from dashboard.permissions import operator_required
 from dashboard.security import csp
 from dashboard.views.common import base_context, page
+from jobs.permissions import can_act
 from jobs.selectors.operations import operation_get, operation_list
 from jobs.storable import text_problem
 

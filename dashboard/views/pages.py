@@ -9,9 +9,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from dashboard import render as fragments
-from dashboard.permissions import role_of
 from dashboard.views.common import base_context, no_store, page
 from dashboard.views.metrics import queue_charts_context
+from jobs.permissions import role_of
 
 
 def _summary(

@@ -19,11 +19,11 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from dashboard.permissions import can_act
 from dashboard.schedule_form import ScheduleForm, bind
 from dashboard.views.common import action, base_context, page, refused
 from jobs.exceptions import EnqueueError
 from jobs.models import CatchUp, Overlap, Schedule
+from jobs.permissions import can_act
 from jobs.schedules import services
 from jobs.schedules.definitions import ScheduleInvalid
 from jobs.schedules.firing import ENQUEUE_FAILED, RUN_NOW, SKIPPED_OVERLAP

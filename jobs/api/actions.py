@@ -1,4 +1,5 @@
-"""The API's operator actions: the domain services of ``jobs.operator_actions``.
+"""The API's operator actions: the domain services of ``jobs.operator_actions`` and
+``jobs.bulk_actions``.
 
 Kept for the API views' imports: bulk cancel and retry walk the matching
 jobs in bounded batches and write one audit row; pausing a queue creates its
@@ -10,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from jobs import operator_actions
+from jobs.bulk_actions import BULK_BATCH_SIZE, bulk_cancel, bulk_retry
 from jobs.models import Queue
-from jobs.operator_actions import BULK_BATCH_SIZE, bulk_cancel, bulk_retry
 
 __all__ = ["BULK_BATCH_SIZE", "bulk_cancel", "bulk_retry", "set_queue_paused"]
 

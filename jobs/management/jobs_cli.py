@@ -20,9 +20,9 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.core.serializers.json import DjangoJSONEncoder
 
-from dashboard.actions import normalise_reason
 from jobs import selectors
 from jobs.models import Job
+from jobs.operator_actions import normalise_reason
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000

@@ -1,7 +1,7 @@
 """Operator actions on schedules: create, change, delete, pause, resume, run now.
 
 Plain keyword functions shared by the REST API and the dashboard. Each one
-writes its change and its audit row (``dashboard.audit``) in one transaction;
+writes its change and its audit row (``jobs.audit``) in one transaction;
 ``by`` is the Django user acting (None for a script); pause, resume and run
 now also take the operator's optional ``reason`` for the audit row.
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from dashboard import audit
+from jobs import audit
 from jobs.clock import db_now
 from jobs.exceptions import ControlPlaneError
 from jobs.models import Job, Schedule

@@ -8,7 +8,8 @@ every page and endpoint reads the same way and stays on an index:
   ``(created_at, id)`` (the ``job_created_idx`` index), so page 10,000 costs
   what page 1 costs.
 - ``estimated_count(queryset, cap)``: counts at most ``cap`` rows, never the
-  whole table.
+  whole table; ``job_count`` counts jobs that way (``CountResult``, the one
+  count type every face shows).
 - ``job_events_after(job_id, after, limit)``: the timeline cursor over the
   per-job ``seq`` (the unique ``(job, seq)`` index); ``job_events_page`` adds
   the job's last seq in the same statement (the polled ``/events`` endpoint).
@@ -16,25 +17,24 @@ every page and endpoint reads the same way and stays on an index:
   ``worker_detail(id)``: the operator overviews.
 
 Filters come in as a ``JobFilters`` value; ``job_filters_from_query`` builds
-one from a query string or a JSON body and names the fields it refuses.
+one from a query string or a JSON body and names the fields it refuses
+(``read_job_filters`` keeps them in ``errors`` instead, for a page).
 
-Import from ``jobs.selectors`` itself; the submodules (``filters``, ``jobs``,
-``counts``, ``queues``, ``workers``) are how the code is arranged, not API.
+Import from ``jobs.selectors`` itself; the submodules (``filters``,
+``filter_query``, ``values``, ``payload``, ``jobs``, ``counts``, ``queues``,
+``workers``) are how the code is arranged, not API.
 """
 
-from jobs.selectors.counts import COUNT_TIMEOUT_MS, CountResult, estimated_count
-from jobs.selectors.filters import (
-    FILTER_KEYS,
-    STATES,
-    InvalidFilter,
-    JobFilters,
-    job_filters_from_query,
-    parse_limit,
-    parse_timestamp,
-    parse_uuid,
-    text_query,
-    unstorable_text,
+from jobs.selectors.counts import (
+    COUNT_TIMEOUT_MS,
+    CountResult,
+    capped_count,
+    count_cap,
+    estimated_count,
+    table_estimate,
 )
+from jobs.selectors.filter_query import FILTER_KEYS, job_filters_from_query, read_job_filters
+from jobs.selectors.filters import RANGES, STATES, JobFilters, text_query
 from jobs.selectors.jobs import (
     DEFAULT_EVENT_LIMIT,
     DEFAULT_PAGE_SIZE,
@@ -53,7 +53,15 @@ from jobs.selectors.jobs import (
     job_queryset,
 )
 from jobs.selectors.queues import QueueStats, queue_detail, queue_stats
-from jobs.selectors.workers import WorkerInfo, worker_detail, worker_list
+from jobs.selectors.values import InvalidFilter, parse_limit, parse_timestamp, parse_uuid
+from jobs.selectors.workers import (
+    WorkerInfo,
+    live_worker_ids,
+    stale_before,
+    worker_detail,
+    worker_list,
+)
+from jobs.storable import unstorable_text
 
 __all__ = [
     "COUNT_TIMEOUT_MS",
@@ -62,6 +70,7 @@ __all__ = [
     "FILTER_KEYS",
     "MAX_EVENT_LIMIT",
     "MAX_PAGE_SIZE",
+    "RANGES",
     "STATES",
     "CountResult",
     "InvalidFilter",
@@ -71,6 +80,8 @@ __all__ = [
     "QueueStats",
     "WorkerInfo",
     "after_cursor",
+    "capped_count",
+    "count_cap",
     "estimated_count",
     "job_children_counts",
     "job_count",
@@ -81,9 +92,13 @@ __all__ = [
     "job_ids_batches",
     "job_list",
     "job_queryset",
+    "live_worker_ids",
     "parse_limit",
     "parse_timestamp",
     "parse_uuid",
+    "read_job_filters",
+    "stale_before",
+    "table_estimate",
     "text_query",
     "queue_detail",
     "queue_stats",

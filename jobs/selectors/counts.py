@@ -37,15 +37,70 @@ COUNT_CACHE_ENTRIES = 512
 
 @dataclass(frozen=True)
 class CountResult:
-    """A count that stops at ``cap``: ``value`` is exact unless ``capped``.
+    """A count that stops at a cap: exact, capped (``10,000+``) or estimated (``≈``).
 
-    ``value`` is None when even the capped count ran out of time.
-    ``estimate`` is the planner's guess of the full count (PostgreSQL, when capped).
+    ``value`` is exact unless ``capped`` (then it is the cap) or ``estimated``
+    (then it is the planner's row estimate of a whole table, nothing was
+    counted). ``value`` is None when even the capped count ran out of time.
+    ``estimate`` is the planner's guess of the full count (PostgreSQL, when
+    capped). Every face shows a count the same way: ``str()`` is the text.
     """
 
     value: int | None
-    capped: bool
+    capped: bool = False
     estimate: int | None = None
+    estimated: bool = False
+
+    def __str__(self) -> str:
+        if self.value is None:
+            return f"≈{self.estimate:,}" if self.estimate is not None else "?"
+        if self.estimated:
+            return f"≈{self.value:,}"
+        return f"{self.value:,}+" if self.capped else f"{self.value:,}"
+
+    def __int__(self) -> int:
+        return self.value if self.value is not None else (self.estimate or 0)
+
+    @property
+    def exact(self) -> bool:
+        """Counted to the end: neither stopped at the cap nor guessed."""
+        return self.value is not None and not (self.capped or self.estimated)
+
+    @property
+    def known(self) -> bool:
+        """Whether there is any number to show (a count or an estimate)."""
+        return self.value is not None or self.estimate is not None
+
+
+def count_cap() -> int:
+    """The most rows any count reads (knob ``COUNT_CAP``)."""
+    return int(knob("COUNT_CAP"))
+
+
+def capped_count(queryset: QuerySet[Any], limit: int | None = None) -> CountResult:
+    """Count ``queryset`` but stop at ``limit`` (default ``COUNT_CAP``): never a full scan.
+
+    No time bound of its own and no estimate: for small sets (a job's
+    children, orphaned jobs, new rows since a page loaded) read under the
+    caller's statement timeout. ``estimated_count`` is the one for big lists.
+    """
+    limit = count_cap() if limit is None else limit
+    n = queryset.order_by()[: limit + 1].count()  # Django wraps a sliced count in a subquery.
+    return CountResult(min(n, limit), capped=n > limit)
+
+
+def table_estimate(table: str, using: str = "default") -> CountResult | None:
+    """The planner's row estimate for a whole ``table`` (PostgreSQL), or None when unknown."""
+    if connections[using].vendor != "postgresql":
+        return None
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table]
+        )
+        row = cursor.fetchone()
+    if not row or row[0] is None or row[0] < 0:
+        return None  # never analysed
+    return CountResult(int(row[0]), estimated=True)
 
 
 def estimated_count(queryset: QuerySet[Any], cap: int | None = None) -> CountResult:
@@ -55,7 +110,7 @@ def estimated_count(queryset: QuerySet[Any], cap: int | None = None) -> CountRes
     it is also bounded in time, and past the cap the planner's row estimate is
     given as ``estimate``.
     """
-    cap = int(knob("COUNT_CAP") if cap is None else cap)
+    cap = count_cap() if cap is None else int(cap)
     bounded = queryset.order_by()[: cap + 1]
     alias = queryset.db
     postgres = connections[alias].vendor == "postgresql"

@@ -1,50 +1,48 @@
-"""Job filters: the ``JobFilters`` value and reading one from a query string or a JSON body.
+"""Job filters: the one ``JobFilters`` value every face reads jobs with.
 
-Shared by the job list, counts and bulk actions (API and dashboard alike), so
-every caller accepts the same spellings and refuses the same mistakes.
+The REST API (``GET /jobs``, ``POST /jobs/cancel|retry``), the ``jobs``
+command, the admin's bulk actions and the dashboard (its list, counts, bulk
+actions and live updates) all select jobs with this type, read from a query
+string or a JSON body by ``jobs.selectors.filter_query``. ``apply`` narrows a
+queryset; ``matches`` answers the same question for one job summary, which
+lets the live relay tell a list page about new jobs without a query per open
+page; ``params``/``querystring`` write the filter back as a shareable URL
+that reads back to the same filter.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
+from django.db import connections
 from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
-from jobs.models import Job
+from jobs import waiting
+from jobs.selectors.payload import json_contains
+from jobs.selectors.values import parse_timestamp
 from jobs.states import Status
-from jobs.storable import unstorable_text
 
 STATES: tuple[str, ...] = tuple(s.value for s in Status)
-# The keys ``job_filters_from_query`` reads.
-FILTER_KEYS: tuple[str, ...] = (
-    "status",
-    "queue",
-    "operation",
-    "parent",
-    "created_after",
-    "created_before",
-    "q",
-    "schedule",
-)
+# "Created in the last …": a window ending now.
+RANGES: dict[str, timedelta] = {
+    "15m": timedelta(minutes=15),
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+}
 
 _HEXISH = re.compile(r"^[0-9a-fA-F-]{4,36}$")
 # The dashboard's short id: head and tail of the UUID (``0193a1b2…c09f3c``).
 _SHORT_ID = re.compile(r"^([0-9a-fA-F]{8})(?:…|\.\.\.)([0-9a-fA-F]{4,12})$")
-
-
-class InvalidFilter(ValueError):
-    """A filter, cursor or limit could not be read; ``errors`` maps fields to messages."""
-
-    def __init__(self, errors: dict[str, list[str]]) -> None:
-        self.errors = errors
-        super().__init__("The filters are invalid: fix the fields named in 'errors'.")
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,13 @@ class JobFilters:
     """What a job list, a count or a bulk action is restricted to.
 
     Each tuple is an OR over its values; the fields AND together.
-    ``top_level`` keeps only jobs without a parent (``parent=none``).
+    ``top_level`` keeps only jobs without a parent (``parent=none``); ``when``
+    keeps queued jobs waiting for later (``jobs.waiting``: scheduled or
+    retrying); ``range`` is a window ending now (``RANGES``); ``payload`` is
+    a JSON object the payload must contain. ``errors`` (a sentence per field
+    that could not be read, and was not applied), ``raw`` (what was typed,
+    printable, for echoing into a form) and ``payload_text`` do not take part
+    in equality: two readings that select the same jobs are equal.
     """
 
     status: tuple[str, ...] = ()
@@ -62,19 +66,79 @@ class JobFilters:
     top_level: bool = False
     created_after: datetime | None = None
     created_before: datetime | None = None
+    range: str = ""
+    when: str = ""
     q: str = ""
+    payload: dict[str, Any] | None = None
     ids: tuple[uuid.UUID, ...] = ()
     schedule: uuid.UUID | None = None
+    errors: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    raw: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    payload_text: str = field(default="", compare=False, repr=False)
 
     @property
     def is_empty(self) -> bool:
         """True when nothing restricts the jobs: a bulk action needs ``all`` then."""
         return self == JobFilters()
 
-    def apply(self, queryset: QuerySet[Job]) -> QuerySet[Job]:
+    @property
+    def active(self) -> bool:
+        return not self.is_empty
+
+    # --- the URL -----------------------------------------------------------------
+
+    def params(self) -> list[tuple[str, str]]:
+        """The filter as query pairs (what a shared link carries); ``ids`` are not included."""
+        out: list[tuple[str, str]] = [("status", s) for s in self.status]
+        if self.when:
+            out.append(("when", self.when))
+        out += [("queue", v) for v in self.queue]
+        out += [("operation", v) for v in self.operation]
+        if self.top_level:
+            out.append(("parent", "none"))
+        elif self.parent is not None:
+            out.append(("parent", str(self.parent)))
+        if self.schedule is not None:
+            out.append(("schedule", str(self.schedule)))
+        if self.range:
+            out.append(("range", self.range))
+        if self.created_after is not None:
+            out.append(("from", self._stamp_text(self.created_after, "from", "created_after")))
+        if self.created_before is not None:
+            out.append(("to", self._stamp_text(self.created_before, "to", "created_before")))
+        if self.q:
+            out.append(("q", self.q))
+        if self.payload is not None:
+            out.append(("payload", self.payload_text or json.dumps(self.payload)))
+        return out
+
+    def _stamp_text(self, value: datetime, *names: str) -> str:
+        """A bound as it was typed (a ``datetime-local`` stays one), else in ISO 8601."""
+        for name in names:
+            text = self.raw.get(name, "")
+            if text and parse_timestamp(text) == value:
+                return text.strip()
+        return value.isoformat()
+
+    def querystring(self) -> str:
+        return urlencode(self.params())
+
+    # --- applying ----------------------------------------------------------------
+
+    def since(self, now: datetime | None = None) -> datetime | None:
+        """The lower time bound: the later of the range preset and ``created_after``."""
+        bounds = [b for b in (self.created_after,) if b]
+        if self.range:
+            bounds.append((now or timezone.now()) - RANGES[self.range])
+        return max(bounds) if bounds else None
+
+    def apply(self, queryset: QuerySet[Any], *, now: datetime | None = None) -> QuerySet[Any]:
+        """``queryset`` (of jobs) narrowed to what these filters select."""
         qs = queryset
         if self.status:
             qs = qs.filter(status__in=self.status)
+        if self.when:
+            qs = qs.filter(waiting.condition(self.when, now))
         if self.queue:
             qs = qs.filter(queue__in=self.queue)
         if self.operation:
@@ -83,8 +147,9 @@ class JobFilters:
             qs = qs.filter(parent_id=self.parent)
         if self.top_level:
             qs = qs.filter(parent__isnull=True)
-        if self.created_after is not None:
-            qs = qs.filter(created_at__gte=self.created_after)
+        since = self.since(now)
+        if since is not None:
+            qs = qs.filter(created_at__gte=since)
         if self.created_before is not None:
             qs = qs.filter(created_at__lt=self.created_before)
         if self.ids:
@@ -93,7 +158,75 @@ class JobFilters:
             qs = qs.filter(schedule_id=self.schedule)
         if self.q:
             qs = qs.filter(text_query(self.q))
+        if self.payload is not None:
+            qs = self._apply_payload(qs)
         return qs
+
+    def _apply_payload(self, qs: QuerySet[Any]) -> QuerySet[Any]:
+        """jsonb ``@>`` on PostgreSQL; on SQLite, one equality per top-level key.
+
+        SQLite has no containment operator (Django refuses ``contains`` on its
+        JSONField), so there a nested value must match exactly rather than by
+        subset.
+        """
+        assert self.payload is not None
+        if connections[qs.db].vendor == "postgresql":
+            return qs.filter(payload__contains=self.payload)
+        for index, (key, value) in enumerate(self.payload.items()):
+            alias = f"_payload_key_{index}"
+            qs = qs.alias(**{alias: KeyTransform(key, "payload")})
+            qs = qs.filter(**{alias: value})  # None matches JSON null, as on PostgreSQL.
+        return qs
+
+    def matches(self, job: dict[str, Any], *, now: datetime | None = None) -> bool:
+        """Whether a job summary (``id``, ``status``, ``queue``, ``operation``, ``parent_id``,
+        ``schedule_id``, ``created_at``, ``payload``, ``error_*``) passes these filters."""
+        if self.status and job["status"] not in self.status:
+            return False
+        if self.when and not self._matches_when(job, now):
+            return False
+        if self.queue and job["queue"] not in self.queue:
+            return False
+        if self.operation and job["operation"] not in self.operation:
+            return False
+        parent = str(job.get("parent_id") or "")
+        if self.parent is not None and parent != str(self.parent):
+            return False
+        if self.top_level and parent:
+            return False
+        if self.ids and str(job["id"]) not in {str(i) for i in self.ids}:
+            return False
+        if self.schedule is not None and str(job.get("schedule_id") or "") != str(self.schedule):
+            return False
+        since = self.since(now)
+        if since and job["created_at"] < since:
+            return False
+        if self.created_before and job["created_at"] >= self.created_before:
+            return False
+        if self.q:
+            text = self.q.lower()
+            haystack = " ".join(
+                str(job.get(k) or "") for k in ("operation", "error_code", "error_message")
+            ).lower()
+            if text not in haystack and text != str(job["id"]).lower():
+                return False
+        if self.payload is not None and not json_contains(job.get("payload"), self.payload):
+            return False
+        return True
+
+    def _matches_when(self, job: dict[str, Any], now: datetime | None) -> bool:
+        """A summary of a new job: it has not run yet, so it can only be scheduled.
+
+        Without ``run_after`` in the summary a queued job is taken to match:
+        the "new jobs" notice may then over-count, and the reload it offers
+        shows the true rows.
+        """
+        if job["status"] != "queued" or self.when != waiting.SCHEDULED:
+            return False
+        run_after = job.get("run_after")
+        if isinstance(run_after, str):
+            run_after = parse_timestamp(run_after)
+        return run_after is None or run_after > (now or timezone.now())
 
 
 def text_query(text: str) -> Q:
@@ -113,169 +246,3 @@ def text_query(text: str) -> Q:
     if _HEXISH.match(text):
         query |= Q(id__istartswith=text)
     return query
-
-
-def _values(data: Mapping[str, Any], name: str) -> list[Any]:
-    """Every value given for ``name``: repeated query keys, lists, or comma-separated text."""
-    raw: list[Any]
-    getlist = getattr(data, "getlist", None)
-    if getlist is not None:
-        raw = list(getlist(name))
-    else:
-        value = data.get(name)
-        raw = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
-    out: list[Any] = []
-    for item in raw:
-        if isinstance(item, str):
-            out.extend(part.strip() for part in item.split(",") if part.strip())
-        else:
-            out.append(item)
-    return out
-
-
-def _single(data: Mapping[str, Any], name: str) -> Any:
-    """The one value of ``name`` (the last one of a repeated query key); None when blank."""
-    value = data.get(name)
-    return None if value is None or value == "" else value
-
-
-def parse_uuid(value: Any) -> uuid.UUID | None:
-    """``value`` as a UUID, or None when it is not one (never raises)."""
-    if isinstance(value, uuid.UUID):
-        return value
-    if not isinstance(value, str):
-        return None
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        return None
-
-
-def parse_timestamp(value: Any) -> datetime | None:
-    """An ISO 8601 timestamp in UTC (naive means UTC), or None when it is not one.
-
-    A ``+`` of an offset that arrived unencoded in a query string reads as a
-    space; it is put back. A time whose UTC equivalent falls outside years
-    1 to 9999 (``0001-01-01T00:00+05:00``) is not one either: converting it
-    for the database would overflow (a 500 on SQLite) instead of matching
-    nothing.
-    """
-    if isinstance(value, datetime):
-        parsed: datetime | None = value
-    elif isinstance(value, str):
-        text = value.strip()
-        if "T" in text and " " in text:
-            text = text.replace(" ", "+", 1)
-        try:
-            parsed = parse_datetime(text)
-        except ValueError:
-            return None
-    else:
-        return None
-    if parsed is None:
-        return None
-    if timezone.is_naive(parsed):
-        return parsed.replace(tzinfo=UTC)
-    try:
-        return parsed.astimezone(UTC)
-    except OverflowError:
-        return None
-
-
-def job_filters_from_query(data: Mapping[str, Any], *, allow_ids: bool = False) -> JobFilters:
-    """Read ``JobFilters`` from a query string (a QueryDict) or a JSON object.
-
-    ``status``, ``queue`` and ``operation`` take several values (repeated or
-    comma-separated); ``parent`` takes a job id or ``none``; ``schedule`` a
-    schedule id (the jobs it fired); ``created_after``
-    and ``created_before`` take ISO 8601 timestamps; ``q`` is free text.
-    Raises ``InvalidFilter`` naming each field it could not read.
-    """
-    errors: dict[str, list[str]] = {}
-    raw_statuses = _values(data, "status")
-    statuses = [s for s in raw_statuses if isinstance(s, str)]
-    unknown = [s for s in statuses if s not in STATES]
-    if len(statuses) != len(raw_statuses):
-        errors["status"] = ["'status' must be a string or a list of strings."]
-    elif unknown:
-        # repr() escapes NUL and lone surrogates, so the message itself is storable text.
-        named = ", ".join(repr(s[:40]) for s in unknown[:5])
-        errors["status"] = [f"Unknown status {named}; use one of {', '.join(STATES)}."]
-    texts: dict[str, tuple[str, ...]] = {}
-    for name in ("queue", "operation"):
-        values = _values(data, name)
-        if any(not isinstance(v, str) for v in values):
-            errors[name] = [f"'{name}' must be a string or a list of strings."]
-        elif unstorable_text(values):
-            errors[name] = [str(unstorable_text(values))]
-        texts[name] = tuple(str(v) for v in values)
-    parent: uuid.UUID | None = None
-    top_level = False
-    raw_parent = _single(data, "parent")
-    if raw_parent is not None:
-        if isinstance(raw_parent, str) and raw_parent.lower() in {"none", "null"}:
-            top_level = True
-        else:
-            parent = parse_uuid(raw_parent)
-            if parent is None:
-                errors["parent"] = ["'parent' must be a job id (a UUID) or 'none'."]
-    schedule = None
-    raw_schedule = _single(data, "schedule")
-    if raw_schedule is not None:
-        schedule = parse_uuid(raw_schedule)
-        if schedule is None:
-            errors["schedule"] = ["'schedule' must be a schedule id (a UUID)."]
-    stamps: dict[str, datetime | None] = {}
-    for name in ("created_after", "created_before"):
-        raw = _single(data, name)
-        stamps[name] = parse_timestamp(raw) if raw is not None else None
-        if raw is not None and stamps[name] is None:
-            errors[name] = [
-                f"'{name}' must be an ISO 8601 timestamp between years 1 and 9999 (UTC)."
-            ]
-    q = _single(data, "q")
-    if q is not None and not isinstance(q, str):
-        errors["q"] = ["'q' must be a string."]
-        q = None
-    elif q is not None and unstorable_text(q):
-        errors["q"] = [str(unstorable_text(q))]
-        q = None
-    ids: list[uuid.UUID] = []
-    if allow_ids:
-        raw_ids = data.get("ids")
-        if raw_ids is not None:
-            if not isinstance(raw_ids, (list, tuple)):
-                errors["ids"] = ["'ids' must be a list of job ids."]
-            else:
-                ids = [i for i in (parse_uuid(v) for v in raw_ids) if i is not None]
-                if len(ids) != len(raw_ids):
-                    errors["ids"] = ["Every entry of 'ids' must be a job id (a UUID)."]
-                elif not ids:
-                    errors["ids"] = ["'ids' is empty: name at least one job."]
-    if errors:
-        raise InvalidFilter(errors)
-    return JobFilters(
-        status=tuple(dict.fromkeys(statuses)),
-        queue=texts["queue"],
-        operation=texts["operation"],
-        parent=parent,
-        top_level=top_level,
-        created_after=stamps["created_after"],
-        created_before=stamps["created_before"],
-        q=(q or "").strip(),
-        ids=tuple(dict.fromkeys(ids)),
-        schedule=schedule,
-    )
-
-
-def parse_limit(raw: Any, *, default: int, maximum: int, name: str = "limit") -> int:
-    """A page size from a query value: 1..``maximum``, ``default`` when absent."""
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(str(raw))
-    except ValueError:
-        raise InvalidFilter({name: [f"'{name}' must be a whole number."]}) from None
-    if not 1 <= value <= maximum:
-        raise InvalidFilter({name: [f"'{name}' must be from 1 to {maximum}."]})
-    return value

@@ -23,9 +23,10 @@ from jobs import timeline
 from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.models import Job, JobEvent
-from jobs.selectors.counts import CountResult, estimated_count, recent_counts
-from jobs.selectors.filters import STATES, InvalidFilter, JobFilters, parse_timestamp, parse_uuid
+from jobs.selectors.counts import CountResult, estimated_count, recent_counts, table_estimate
+from jobs.selectors.filters import STATES, JobFilters
 from jobs.selectors.timeouts import bounded_fetchall, bounded_reads
+from jobs.selectors.values import InvalidFilter, parse_timestamp, parse_uuid
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -208,23 +209,43 @@ _documents: dict[tuple[int, str], tuple[Expression, str, tuple[Any, ...]]] = {}
 def job_ids_batches(
     filters: JobFilters, *, statuses: Sequence[str] | None = None, batch_size: int = 500
 ) -> Iterable[list[uuid.UUID]]:
-    """Ids matching ``filters`` (and ``statuses``), ``batch_size`` at a time, newest first.
-
-    A keyset walk: the caller may change the jobs of one batch (cancel,
-    retry) before asking for the next without skipping or repeating any.
-    """
+    """Ids matching ``filters`` (and ``statuses``), ``batch_size`` at a time, newest first."""
     qs = job_queryset(filters)
     if statuses is not None:
         qs = qs.filter(status__in=list(statuses))
+    return id_batches(qs, batch_size=batch_size)
+
+
+def id_batches(
+    queryset: QuerySet[Job],
+    *,
+    batch_size: int = 500,
+    budget: int | None = None,
+    bounded: bool = False,
+) -> Iterable[list[uuid.UUID]]:
+    """The ids of ``queryset``'s jobs, newest first, ``batch_size`` at a time.
+
+    A keyset walk: the caller may change the jobs of one batch (cancel,
+    retry) before asking for the next without skipping or repeating any.
+    ``budget``: at most this many ids in all. ``bounded``: each page is read
+    under ``bounded_reads`` (its own short read transaction), the writes the
+    caller makes in between outside it.
+    """
+    qs = queryset.order_by("-created_at", "-id")
     cursor: JobCursor | None = None
-    while True:
+    left = budget
+    while left is None or left > 0:
+        size = batch_size if left is None else min(batch_size, left)
         page = after_cursor(qs, cursor) if cursor else qs
-        rows = list(page.values_list("created_at", "id")[:batch_size])
+        with bounded_reads(qs.db) if bounded else nullcontext():
+            rows = list(page.values_list("created_at", "id")[:size])
         if not rows:
             return
         yield [r[1] for r in rows]
-        if len(rows) < batch_size:
+        if len(rows) < size:
             return
+        if left is not None:
+            left -= len(rows)
         cursor = JobCursor(rows[-1][0], rows[-1][1])
 
 
@@ -234,6 +255,7 @@ def job_count(
     *,
     fresh: bool = False,
     bounded: bool = False,
+    estimate_table: bool = False,
 ) -> CountResult:
     """How many jobs match ``filters``, counted up to ``cap`` (see ``estimated_count``).
 
@@ -243,8 +265,15 @@ def job_count(
     of a big list would otherwise count the same 10,001 rows on every request.
     ``fresh=True`` always counts. ``bounded``: a count that runs, runs under the
     limits of ``bounded_reads`` (a count read from the cache costs no round trip).
+    ``estimate_table``: with no filter at all, answer the planner's estimate of
+    the whole table (``table_estimate``, PostgreSQL) when it is above ``cap``,
+    counting nothing: what a page that is only looked at can afford.
     """
     cap = int(knob("COUNT_CAP") if cap is None else cap)
+    if estimate_table and (filters is None or filters.is_empty):
+        estimate = table_estimate(Job._meta.db_table, using=router.db_for_read(Job))
+        if estimate is not None and estimate.value is not None and estimate.value > cap:
+            return estimate
 
     def count() -> CountResult:
         queryset = job_queryset(filters)

@@ -1,16 +1,23 @@
-"""Workers as operators see them: liveness and the jobs each one is running."""
+"""Workers as operators see them: liveness and the jobs each one is running.
+
+A worker is live while its heartbeat is younger than ``WORKER_TIMEOUT_SECONDS``;
+``stale_before`` is that cutoff, shared by the pages that mark stale workers
+and the orphan requeue that must not take a live worker's job.
+"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
 
+from jobs.conf import knob
 from jobs.models import Job, Worker
-from jobs.selectors.filters import parse_uuid
+from jobs.selectors.values import parse_uuid
 from jobs.states import RUNNING
 
 
@@ -56,3 +63,15 @@ def worker_detail(worker_id: uuid.UUID | str) -> WorkerInfo | None:
     pk = parse_uuid(worker_id) if not isinstance(worker_id, uuid.UUID) else worker_id
     worker = Worker.objects.filter(pk=pk).first() if pk else None
     return _worker_infos([worker])[0] if worker else None
+
+
+def stale_before(now: datetime | None = None) -> datetime:
+    """The heartbeat time before which a worker counts as stale (``WORKER_TIMEOUT_SECONDS``)."""
+    return (now or timezone.now()) - timedelta(seconds=float(knob("WORKER_TIMEOUT_SECONDS")))
+
+
+def live_worker_ids() -> list[uuid.UUID]:
+    """The ids of the workers whose heartbeat is recent enough to count as live."""
+    return list(
+        Worker.objects.filter(last_heartbeat__gte=stale_before()).values_list("pk", flat=True)
+    )

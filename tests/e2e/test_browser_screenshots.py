@@ -145,7 +145,7 @@ def _realistic_data() -> Job:
 
 def _operator_history(now, job: Job) -> None:
     """A few audit rows, as if operators had used the dashboard this morning."""
-    from dashboard import audit
+    from jobs import audit
     from jobs.models import OperatorAction
 
     linus = make_user("operator", "linus")

@@ -1,6 +1,6 @@
 """Property tests of the two filter parsers (no database): any text gets an answer, never a crash.
 
-- ``dashboard.filters.JobFilters.from_query`` never raises: what it cannot
+- ``jobs.selectors.read_job_filters`` (the dashboard's) never raises: what it cannot
   read is reported in ``errors`` and not applied, and what it keeps is text
   every database can hold, so the list, its count, its live partial and a
   bulk action can query with it on PostgreSQL and SQLite alike.
@@ -24,10 +24,13 @@ from django.http import QueryDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dashboard.filters import FIELDS, JobFilters
-from dashboard.inputs import InvalidJSON, parse_json_object, printable, request_problems
-from jobs.selectors import InvalidFilter, job_filters_from_query, parse_limit
+from dashboard.inputs import request_problems
+from jobs.selectors import FILTER_KEYS as FIELDS
+from jobs.selectors import InvalidFilter, JobFilters, job_filters_from_query, parse_limit
 from jobs.selectors import JobFilters as ApiFilters
+from jobs.selectors import read_job_filters
+from jobs.selectors.payload import InvalidJSON, parse_json_object
+from jobs.storable import printable
 from jobs.storable import text_problem
 
 PROPERTY = settings(
@@ -131,10 +134,12 @@ def _check_dashboard(filters: JobFilters) -> None:
     blank = {
         "queue": filters.queue,
         "operation": filters.operation,
-        "parent": filters.parent,
+        "parent": filters.parent or filters.top_level,
         "range": filters.range,
-        "from": filters.time_from,
-        "to": filters.time_to,
+        "from": filters.created_after,
+        "created_after": filters.created_after,
+        "to": filters.created_before,
+        "created_before": filters.created_before,
         "q": filters.q,
         "payload": filters.payload,
     }
@@ -144,16 +149,16 @@ def _check_dashboard(filters: JobFilters) -> None:
     if filters.payload is not None:
         assert isinstance(filters.payload, dict) and filters.payload
         assert _storable(filters.payload)
-    for stamp in (filters.time_from, filters.time_to):
+    for stamp in (filters.created_after, filters.created_before):
         assert stamp is None or stamp.utcoffset() is not None
     # The URL it produces (links, pages, the bulk form) holds only what was applied,
     # and reads back to the same filters with nothing to report.
-    again = JobFilters.from_query(QueryDict(filters.querystring()))
+    again = read_job_filters(QueryDict(filters.querystring()))
     assert again.params() == filters.params() and again.errors == {}, (filters, again)
-    assert (again.status, again.payload, again.time_from) == (
+    assert (again.status, again.payload, again.created_after) == (
         filters.status,
         filters.payload,
-        filters.time_from,
+        filters.created_after,
     )
     # Matching a job in Python (the live relay) cannot fail either.
     job = {
@@ -174,13 +179,13 @@ def _check_dashboard(filters: JobFilters) -> None:
 @given(text=_text(80))
 def test_dashboard_any_query_text(text: str) -> None:
     """Raw query-string text, as a client may send it (including text Django never decodes to)."""
-    _check_dashboard(JobFilters.from_query(QueryDict(text)))
+    _check_dashboard(read_job_filters(QueryDict(text)))
 
 
 @PROPERTY
 @given(pairs=PAIRS)
 def test_dashboard_any_filter_values(pairs: list[tuple[str, str]]) -> None:
-    _check_dashboard(JobFilters.from_query(_query(pairs)))
+    _check_dashboard(read_job_filters(_query(pairs)))
 
 
 @PROPERTY
@@ -190,7 +195,7 @@ def test_dashboard_values_straight_from_a_socket(pairs: list[tuple[str, str]]) -
     query = QueryDict(mutable=True)
     for key, value in pairs:
         query.appendlist(key, value)
-    _check_dashboard(JobFilters.from_query(query))
+    _check_dashboard(read_job_filters(query))
 
 
 @PROPERTY

@@ -6,9 +6,9 @@ and changes jobs exactly as they do:
 - filters are read by ``jobs.selectors.job_filters_from_query`` (the spellings
   ``GET /jobs`` accepts), and lists page newest first through ``job_list``;
 - ``--json`` prints the API's job JSON (``jobs.api.serializers``);
-- cancel and retry of named jobs go through ``dashboard.actions``; by filter,
-  through the API's batched walk (``job_ids_batches`` + ``cancel_jobs`` /
-  ``retry_jobs``). Either way each change is a guarded transition whose event
+- cancel and retry of named jobs go through ``jobs.operator_actions``; by
+  filter, through the API's batched walk (``jobs.bulk_actions``). Either way
+  each change is a guarded transition whose event
   carries ``by`` (``--by``, the login name by default), and an
   ``OperatorAction`` row records it, the filter once for a bulk action;
 - purge deletes finished jobs (never queued or running ones) in batches,
@@ -33,15 +33,12 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from dashboard import actions as operator_actions
-from jobs import audit, selectors
+from jobs import audit, bulk_actions, operator_actions, selectors
 from jobs.api.serializers import EventSerializer, JobDetailSerializer, JobSerializer
 from jobs.conf import knob
 from jobs.management import jobs_cli as cli
 from jobs.models import Job, JobEvent
-from jobs.operator_actions import BULK_BATCH_SIZE
 from jobs.states import TERMINAL
-from jobs.transitions import cancel_jobs, retry_jobs
 
 FILTERS = ("status", "queue", "operation", "parent", "q", "created_after", "created_before")
 PURGE_FILTERS = ("status", "queue", "operation")
@@ -198,10 +195,10 @@ class Command(BaseCommand):
             self._act_on_filter(action, filters, by=by, reason=reason, go=o["yes"])
 
     def _act_on_ids(self, action: str, ids: list[uuid.UUID], *, by: str, reason: str) -> None:
-        """Each named job through the dashboard's one-job action (its event and audit row)."""
+        """Each named job through the one-job service (its event and audit row)."""
         cli.existing_jobs(ids)  # an unknown id stops everything before anything changes
-        one = operator_actions.cancel_one if action == "cancel" else operator_actions.retry_one
-        allowed = " or ".join(operator_actions.ACTIONS[action])
+        one = operator_actions.cancel_job if action == "cancel" else operator_actions.retry_job
+        allowed = " or ".join(bulk_actions.ACTIONS[action])
         changed = 0
         for pk in ids:
             if one(pk, user=by, reason=reason):
@@ -220,7 +217,7 @@ class Command(BaseCommand):
         self, action: str, filters: selectors.JobFilters, *, by: str, reason: str, go: bool
     ) -> None:
         """Count first; with ``go`` (``--yes``) change them in batches and audit it once."""
-        statuses = operator_actions.ACTIONS[action]
+        statuses = bulk_actions.ACTIONS[action]
         eligible = selectors.job_queryset(filters).filter(status__in=statuses).order_by().count()
         if not eligible:
             raise CommandError(
@@ -232,23 +229,10 @@ class Command(BaseCommand):
             raise CommandError(
                 f"Nothing was changed: run again with --yes to {action} them.", returncode=1
             )
-        # The walk of jobs.api.actions.bulk_cancel/bulk_retry, counted batch by batch so
-        # the audit row holds the true count even when a later batch fails.
-        move = cancel_jobs if action == "cancel" else retry_jobs
-        batches = selectors.job_ids_batches(filters, statuses=statuses, batch_size=BULK_BATCH_SIZE)
-        changed = 0
-        try:
-            for ids in batches:
-                changed += len(move(ids, by=by, reason=reason or None))
-        finally:
-            audit.record_action(
-                by,
-                audit.BULK_CANCEL if action == "cancel" else audit.BULK_RETRY,
-                target="filter",
-                count=changed,
-                filters={"scope": "filter", **cli.described(filters)},
-                reason=reason,
-            )
+        bulk = bulk_actions.bulk_cancel if action == "cancel" else bulk_actions.bulk_retry
+        changed = bulk(
+            filters, user=by, reason=reason, described={"scope": "filter", **cli.described(filters)}
+        )
         self.stdout.write(f"{PAST[action].capitalize()} {cli.count(changed)}.")
         if not changed:
             raise CommandError("Nothing was changed.", returncode=1)

@@ -14,7 +14,7 @@ from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.test import Client
 
-from dashboard.permissions import ACT_PERM, VIEW_PERM
+from jobs.permissions import ACT_PERM, VIEW_PERM
 from jobs.models import Job
 
 

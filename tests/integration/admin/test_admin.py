@@ -13,7 +13,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from dashboard import actions as dashboard_actions
+from jobs import operator_actions
 from jobs.admin import EVENTS_SHOWN
 from jobs.enqueue import JobSpec, enqueue_many
 from jobs.models import Job, JobEvent, OperatorAction, Queue, Worker
@@ -55,7 +55,7 @@ def some_of_everything() -> dict[str, Model]:
     queued(parent=parent.pk, queue="admin-q")
     gone, _ = running(queue="admin-gone")
     Worker.objects.filter(pk=fresh(gone).worker_id).delete()  # no FK: the job keeps its id
-    dashboard_actions.set_paused("admin-q", True, user=None)
+    operator_actions.set_paused("admin-q", True, user=None)
     return {
         "parent": parent,
         "gone": gone,
@@ -245,7 +245,7 @@ def test_a_viewer_cannot_cancel_or_retry(viewer_client: Client) -> None:
 
 
 def test_queue_settings_go_through_the_audited_functions(operator_client: Client) -> None:
-    dashboard_actions.set_paused("admin-settings", False, user=None)
+    operator_actions.set_paused("admin-settings", False, user=None)
     OperatorAction.objects.all().delete()
     change = url(Queue, "change", "admin-settings")
     form = {"kind": "job", "paused": "on", "concurrency_cap": "7"}
@@ -279,7 +279,7 @@ def test_a_new_queue_row_is_audited_too(operator_client: Client) -> None:
 
 
 def test_a_queue_kind_is_read_only_in_the_admin(operator_client: Client) -> None:
-    dashboard_actions.set_paused("admin-kind", False, user=None)
+    operator_actions.set_paused("admin-kind", False, user=None)
     change = url(Queue, "change", "admin-kind")
     response = operator_client.post(change, {"kind": "batch", "paused": "on"})
     assert response.status_code == 302
@@ -299,7 +299,7 @@ def test_a_running_jobs_lease_token_is_masked(superuser_client: Client) -> None:
 
 
 def test_a_viewer_cannot_change_queues(viewer_client: Client) -> None:
-    dashboard_actions.set_paused("admin-ro", False, user=None)
+    operator_actions.set_paused("admin-ro", False, user=None)
     change = url(Queue, "change", "admin-ro")
     assert viewer_client.get(change).context["has_change_permission"] is False
     assert viewer_client.post(change, {"kind": "job", "paused": "on"}).status_code == 403
@@ -309,7 +309,7 @@ def test_a_viewer_cannot_change_queues(viewer_client: Client) -> None:
 
 def test_workers_and_the_audit_log_are_read_only(superuser_client: Client) -> None:
     w = worker()
-    dashboard_actions.set_paused("admin-log", True, user=None)
+    operator_actions.set_paused("admin-log", True, user=None)
     entry = OperatorAction.objects.get()
     for model, pk in ((Worker, w.pk), (OperatorAction, entry.pk)):
         assert (

@@ -113,7 +113,9 @@ finally:
 # actions, permissions, selectors, audit log; the job selectors and read
 # replica routing behind them; Django's auth views), and the web stack.
 NOT_IN_A_WORKER = (
-    "dashboard.actions",
+    "jobs.operator_actions",
+    "jobs.bulk_actions",
+    "jobs.permissions",
     "dashboard.audit",
     "dashboard.db",
     "dashboard.permissions",

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from jobs import operator_actions as actions
+from jobs import bulk_actions as actions
 from jobs.models import Job
 from tests.integration.foundation.helpers import (
     cancelled,

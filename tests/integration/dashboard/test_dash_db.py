@@ -11,8 +11,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from dashboard import db as dashdb
 from dashboard import selectors
+from jobs.selectors import counts, timeouts
+from jobs.selectors import job_count as core_job_count
 from jobs.models import Job
 from tests.integration.dashboard.helpers import queued
 
@@ -55,7 +56,7 @@ def _slow_queue_names(limit: int = 1000) -> list[str]:
 @postgres_only
 def test_bounded_reads_set_the_timeout_in_a_transaction(monkeypatch) -> None:
     monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "1234")
-    with dashdb.bounded_reads():
+    with timeouts.bounded_reads():
         with connection.cursor() as cursor:
             cursor.execute("SHOW statement_timeout")
             assert cursor.fetchone()[0] == "1234ms"
@@ -76,13 +77,13 @@ def test_a_read_behind_a_table_lock_gives_up_on_the_lock_not_the_statement(monke
         try:
             with transaction.atomic(using=other), connections[other].cursor() as cursor:
                 cursor.execute("LOCK TABLE controlplane_job IN ACCESS EXCLUSIVE MODE")
-                with pytest.raises(DatabaseError) as error, dashdb.bounded_reads():
+                with pytest.raises(DatabaseError) as error, timeouts.bounded_reads():
                     Job.objects.count()
         finally:
             connections[other].close()
     assert getattr(error.value.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
-    assert dashdb.is_timeout(error.value)  # so the views answer 503
-    with dashdb.bounded_reads():
+    assert timeouts.is_timeout(error.value)  # so the views answer 503
+    with timeouts.bounded_reads():
         assert Job.objects.count() == 0  # the connection recovered
 
 
@@ -93,7 +94,7 @@ def test_nested_bounded_reads_restore_both_limits(monkeypatch) -> None:
     with transaction_cursor() as cursor:
         cursor.execute("SET LOCAL lock_timeout = '7s'")
         cursor.execute("SET LOCAL statement_timeout = '9s'")
-        with dashdb.bounded_reads():
+        with timeouts.bounded_reads():
             cursor.execute(settings)
             assert cursor.fetchone() == ("1234ms", "500ms")
         cursor.execute(settings)
@@ -107,7 +108,7 @@ def test_unfiltered_list_uses_the_planner_estimate(monkeypatch) -> None:
         queued()
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE controlplane_job")
-    total = selectors.job_count(selectors.JobFilters())
+    total = core_job_count(None, estimate_table=True)
     assert total.estimated and str(total).startswith("≈")
 
 
@@ -128,8 +129,8 @@ def test_capped_count(db) -> None:
     for _ in range(3):
         queued(queue="cc")
     qs = Job.objects.filter(queue="cc")
-    assert str(dashdb.capped_count(qs, limit=2)) == "2+"
-    assert str(dashdb.capped_count(qs, limit=3)) == "3"
+    assert str(counts.capped_count(qs, limit=2)) == "2+"
+    assert str(counts.capped_count(qs, limit=3)) == "3"
 
 
 def test_queue_names_skip_scan_finds_every_queue(db) -> None:
@@ -148,7 +149,7 @@ def _show_timeout() -> str:
 def test_websocket_catch_up_reads_run_under_the_timeout(monkeypatch) -> None:
     """The socket's catch-up reads (job timeline, gap fill, list rows) are bounded too."""
     from dashboard import consumers, detail
-    from dashboard.filters import JobFilters
+    from jobs.selectors import JobFilters
     from dashboard.relay import Subscription
 
     monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "4321")
@@ -181,7 +182,7 @@ def test_websocket_catch_up_reads_run_under_the_timeout(monkeypatch) -> None:
 def test_a_slow_bulk_preview_is_a_503_not_a_held_database(
     operator_client: Client, monkeypatch
 ) -> None:
-    from dashboard import actions
+    from jobs import bulk_actions as actions
 
     queued()
     monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "50")
@@ -189,7 +190,7 @@ def test_a_slow_bulk_preview_is_a_503_not_a_held_database(
     def slow_count(qs, limit=None):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_sleep(1)")
-        return dashdb.Count(0)
+        return counts.CountResult(0)
 
     monkeypatch.setattr(actions, "capped_count", slow_count)
     response = operator_client.post("/dashboard/jobs/bulk/", {"do": "cancel-filter"})
@@ -203,8 +204,8 @@ def test_bulk_run_reads_its_batches_under_the_timeout(monkeypatch) -> None:
     """A batch read slowed past the timeout is cancelled by PostgreSQL, not waited for."""
     from django.db import DatabaseError
 
-    from dashboard import actions
-    from dashboard.filters import JobFilters
+    from jobs import bulk_actions as actions
+    from jobs.selectors import JobFilters
 
     job = queued()
     plan = actions.plan_bulk("cancel", scope="selected", ids=[job.pk], filters=JobFilters())
@@ -217,5 +218,5 @@ def test_bulk_run_reads_its_batches_under_the_timeout(monkeypatch) -> None:
 
     with connection.execute_wrapper(slow_batch_read), pytest.raises(DatabaseError) as error:
         actions.run_bulk(plan, user=None)
-    assert dashdb.is_timeout(error.value)
+    assert timeouts.is_timeout(error.value)
     assert Job.objects.get(pk=job.pk).status == "queued"

@@ -10,13 +10,14 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard import selectors
-from dashboard.filters import JobFilters, json_contains
+from jobs.selectors import read_job_filters
+from jobs.selectors.payload import json_contains
 from jobs.models import Job
 from tests.integration.dashboard.helpers import failed, queued, running, succeeded
 
 
 def ids_of(filters: str) -> set:
-    f = JobFilters.from_query(QueryDict(filters))
+    f = read_job_filters(QueryDict(filters))
     return set(f.apply(Job.objects.all()).values_list("pk", flat=True))
 
 
@@ -47,10 +48,10 @@ def test_payload_containment(mix) -> None:
 
 
 def test_invalid_payload_filter_is_reported_not_applied(mix) -> None:
-    f = JobFilters.from_query(QueryDict("payload=account:42"))
+    f = read_job_filters(QueryDict("payload=account:42"))
     assert "payload" in f.errors and f.payload is None
     assert f.apply(Job.objects.all()).count() == Job.objects.count()
-    assert "payload" in JobFilters.from_query(QueryDict("payload=[1]")).errors
+    assert "payload" in read_job_filters(QueryDict("payload=[1]")).errors
 
 
 def test_simple_filters(mix) -> None:
@@ -70,12 +71,12 @@ def test_parent_and_time_filters(db) -> None:
     old = queued()
     Job.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=3))
     assert ids_of(f"parent={parent.pk}") == {kid.pk}
-    assert "parent" in JobFilters.from_query(QueryDict("parent=nope")).errors
+    assert "parent" in read_job_filters(QueryDict("parent=nope")).errors
     assert old.pk not in ids_of("range=24h")
     day = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
     assert ids_of(f"from={day}") == {parent.pk, kid.pk}
     assert ids_of(f"to={day}") == {old.pk}
-    assert "from" in JobFilters.from_query(QueryDict("from=yesterday")).errors
+    assert "from" in read_job_filters(QueryDict("from=yesterday")).errors
 
 
 def test_python_matching_agrees_with_the_database(mix) -> None:
@@ -103,7 +104,7 @@ def test_python_matching_agrees_with_the_database(mix) -> None:
         )
     )
     for case in cases:
-        f = JobFilters.from_query(QueryDict(case))
+        f = read_job_filters(QueryDict(case))
         expected = {r["id"] for r in rows if f.matches(r)}
         if case == 'payload={"tags": ["y"]}':
             assert expected == {

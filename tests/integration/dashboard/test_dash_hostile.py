@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dashboard.consumers import DashboardConsumer
-from dashboard.inputs import MAX_JSON_DEPTH
+from jobs.selectors.payload import MAX_JSON_DEPTH
 from dashboard.relay import relay
 from jobs.models import JobEvent, OperatorAction, Queue
 from tests.integration.dashboard.helpers import failed, fresh, make_user, queued

@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from dashboard import audit
+from jobs import audit
 from jobs.models import Job, OperatorAction
 from jobs.operations import operation, registry
 from jobs.remote import register_worker

@@ -10,7 +10,7 @@ from django.contrib.messages import get_messages
 from django.test import Client
 from django.utils import timezone
 
-from dashboard import audit
+from jobs import audit
 from jobs.batches import dispatch_batches
 from jobs.claims import claim_jobs
 from jobs.models import BatchMessage, Job, JobEvent, OperatorAction

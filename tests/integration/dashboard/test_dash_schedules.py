@@ -17,7 +17,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from dashboard import audit
+from jobs import audit
 from jobs.models import Job, OperatorAction, Schedule, ScheduleFire
 from jobs.operations import operation, registry
 from jobs.schedules.firing import fire_due_schedules

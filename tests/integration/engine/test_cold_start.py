@@ -54,7 +54,8 @@ WEB_STACK = (
 # and rpds; fastjsonschema), which a worker needs when an operation enqueues;
 # the pages and actions behind Django's admin (jobs.admin loads them where it shows a page).
 ON_DEMAND = ("jsonschema", "referencing", "fastjsonschema", "jobs.schema_validator", "re2")
-ON_DEMAND += ("dashboard.actions", "dashboard.audit", "dashboard.permissions", "dashboard.db")
+ON_DEMAND += ("jobs.operator_actions", "jobs.bulk_actions", "jobs.permissions", "jobs.selectors")
+ON_DEMAND += ("dashboard.audit", "dashboard.permissions", "dashboard.db")
 # django.tasks: loaded when a worker runs a django.task job (jobs.tasks_operation).
 ON_DEMAND += ("django.tasks", "jobs.tasks_backend")
 # OpenTelemetry: loaded once something in the process traces (jobs.tracing.api_in_use).

@@ -192,7 +192,7 @@ def test_concurrent_claimers_share_one_bucket():
 
 
 def test_settings_apply_when_they_change_and_an_operators_change_stands_until_then(settings):
-    from dashboard.actions import set_rate_limit
+    from jobs.operator_actions import set_rate_limit
 
     settings.CONTROLPLANE = {"QUEUES": {"emails": {"rate_limit_per_second": 5}}}
     assert apply_configured_queues() == ["emails"]

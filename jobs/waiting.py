@@ -1,7 +1,8 @@
 """Why a queued job is waiting: *scheduled* for later, or *retrying* after a run.
 
 Both stay ``queued`` in the API (the states are fixed by the contract); the
-dashboard tells them apart so operators can find them:
+job filters (``when``) and the dashboard's badges tell them apart so
+operators can find them:
 
 - **retrying**: the job has run before (a ``job.started`` is on its
   timeline) and waits to run again: a retry with backoff, a
