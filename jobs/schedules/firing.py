@@ -26,15 +26,17 @@ Missed slots (no reaper ran) follow the schedule's ``catch_up``:
 
 Either way ``next_fire_at`` then moves to the first slot after now: never a storm.
 
-Firing is time-boxed: one call fires for at most ``SCHEDULE_FIRE_BUDGET_SECONDS``
-(checked between schedules; at least one fires per call), the most overdue
-(earliest ``next_fire_at``) first, so that a thousand due schedules cannot
-crowd out the reaper's other duties. The schedules left over keep their
-``next_fire_at`` and are simply still due: the next call (the reaper's timer
-wakes again at once) fires them first, their missed slots by their
-``catch_up`` as after any short delay. A deferral is bounded by one round
-through the due schedules, so under ``catch_up = all`` every deferred slot
-still fires, as long as the round is shorter than ``SCHEDULE_CATCH_UP_MAX`` slots.
+Firing is time-boxed: one call fires for at most ``SCHEDULE_FIRE_BUDGET_SECONDS``,
+the most overdue (earliest ``next_fire_at``) first, so that a thousand due
+schedules cannot crowd out the reaper's other duties. The budget is checked
+between schedules and between the slots of a ``catch_up = all`` backlog
+(whose ``next_fire_at`` then becomes its first slot not fired); at least one
+slot fires per call. What is left keeps its ``next_fire_at`` and is simply
+still due: the next call (the reaper's timer wakes again at once) fires it
+first, its missed slots by its ``catch_up`` as after any short delay. A
+deferral is bounded by one round through the due schedules, so under
+``catch_up = all`` every deferred slot still fires, as long as the round is
+shorter than ``SCHEDULE_CATCH_UP_MAX`` slots.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.enqueue import enqueue
 from jobs.exceptions import EnqueueError
-from jobs.models import CatchUp, Job, JobEvent, Overlap, Schedule, ScheduleFire
+from jobs.models import CatchUp, EventLevel, Job, JobEvent, Overlap, Schedule, ScheduleFire
 from jobs.schedules.timing import Timing, TimingError
 from jobs.states import ACTIVE
 from jobs.timeline import ENQUEUED_EVENT
@@ -133,14 +135,19 @@ def fire_due_schedules(now: datetime | None = None, *, budget: float | None = No
                 result.left = due_now.count()
                 return result
             tried += 1
-            result.add(_fire_schedule(schedule_id, now))
+            result.add(_fire_schedule(schedule_id, now, deadline))
         if len(due) < BATCH:
+            if time.monotonic() >= deadline:  # a schedule's backlog may have been cut
+                result.left = due_now.count()
             return result
     result.left = due_now.count()
     return result
 
 
-def _fire_schedule(schedule_id: uuid.UUID, now: datetime) -> FireResult:
+def _fire_schedule(schedule_id: uuid.UUID, now: datetime, deadline: float = math.inf) -> FireResult:
+    """Fire one schedule's due slots in one transaction; past ``deadline`` (monotonic),
+    after at least one slot, the rest wait: ``next_fire_at`` becomes the first
+    slot not fired, so the schedule stays due and goes on from there."""
     result = FireResult()
     with transaction.atomic():
         schedule = (
@@ -169,7 +176,10 @@ def _fire_schedule(schedule_id: uuid.UUID, now: datetime) -> FireResult:
                 len(slots),
             )
         last = None
-        for fire_at in slots:
+        for index, fire_at in enumerate(slots):
+            if index and time.monotonic() >= deadline:  # catch_up "all": the rest next time
+                following = fire_at
+                break
             outcome = fire_slot(schedule, fire_at, now)
             if outcome is None:
                 continue
@@ -209,7 +219,7 @@ def fire_slot(
         log.info("schedule.skipped_overlap name=%s fire_at=%s", schedule.name, fire_at.isoformat())
         return outcome
     try:
-        job = enqueue_for(schedule, fire_at)
+        enqueue_for(schedule, fire_at, fire_id=fire_id)
     except EnqueueError as error:
         if outcome == RUN_NOW:
             raise
@@ -222,12 +232,15 @@ def fire_slot(
         )
         ScheduleFire.objects.filter(pk=fire_id).update(outcome=ENQUEUE_FAILED)
         return ENQUEUE_FAILED
-    ScheduleFire.objects.filter(pk=fire_id).update(job=job)
     return outcome
 
 
-def enqueue_for(schedule: Schedule, fire_at: datetime) -> Job:
-    """The schedule's job for ``fire_at``; its ``job.enqueued`` event names the schedule."""
+def enqueue_for(schedule: Schedule, fire_at: datetime, *, fire_id: int | None = None) -> Job:
+    """The schedule's job for ``fire_at``; its ``job.enqueued`` event names the schedule.
+
+    With ``fire_id``, the slot's ``ScheduleFire`` row is pointed at the job too
+    (on PostgreSQL in the event's statement: one round trip fewer per fire).
+    """
     job = enqueue(
         schedule.operation,
         schedule.payload or {},
@@ -237,17 +250,36 @@ def enqueue_for(schedule: Schedule, fire_at: datetime) -> Job:
     )
     # Stored, unlike most jobs' implied one (jobs.timeline), to carry the slot; in the
     # insert's transaction, so nobody sees the job without it.
-    JobEvent.objects.create(
-        job_id=job.pk,
-        seq=1,
-        ts=job.created_at,
-        event=ENQUEUED_EVENT,
-        fields={
-            "schedule": str(schedule.pk),
-            "schedule_name": schedule.name,
-            "fire_at": fire_at.isoformat(),
-        },
-    )
+    fields = {
+        "schedule": str(schedule.pk),
+        "schedule_name": schedule.name,
+        "fire_at": fire_at.isoformat(),
+    }
+    d = dialect()
+    if fire_id is None or not d.postgres:
+        JobEvent.objects.create(
+            job_id=job.pk, seq=1, ts=job.created_at, event=ENQUEUED_EVENT, fields=fields
+        )
+        if fire_id is not None:
+            ScheduleFire.objects.filter(pk=fire_id).update(job=job)
+        return job
+    fire, event = ScheduleFire._meta, JobEvent._meta
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH fire AS (UPDATE {fire.db_table} SET {fire.get_field('job').column} = %s "
+            f"WHERE id = %s) INSERT INTO {event.db_table} "
+            "(job_id, seq, ts, event, level, message, fields) "
+            f"VALUES (%s, 1, %s, %s, %s, '', {d.json_param})",
+            [
+                d.uuid(job.pk),
+                fire_id,
+                d.uuid(job.pk),
+                d.ts(job.created_at),
+                ENQUEUED_EVENT,
+                EventLevel.INFO.value,
+                d.json(fields),
+            ],
+        )
     return job
 
 

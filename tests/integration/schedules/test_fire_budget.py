@@ -6,8 +6,9 @@ budget, leaves the rest due, and still rescues an expired lease in the same
 pass. Over repeated calls every due slot fires exactly once, the deferred
 ones by their ``catch_up`` (``all``: each missed slot, none lost).
 
-A budget of a microsecond fires exactly one schedule per call (one always
-fires, so firing makes progress), which makes the deferral tests exact.
+A budget of a microsecond fires exactly one slot per call (one always fires,
+so firing makes progress): one schedule, or one slot of a ``catch_up = all``
+schedule's backlog, which makes the deferral tests exact.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from jobs.schedules.services import create_schedule
 from tests.integration.foundation.helpers import unique_queue
 from workers.reaper import Reaper
 
-TINY = 0.000001  # one schedule per call
+TINY = 0.000001  # one slot per call
 
 
 def whole_second(instant: datetime) -> datetime:
@@ -118,10 +119,10 @@ def test_deferred_slots_fire_exactly_once_across_passes_with_catch_up_all():
         result = fire_due_schedules(now, budget=TINY)
         assert result.left > 0
     # Then passes at one instant until nothing is left: each fires the most overdue one.
-    calls = 0
+    calls, slots = 0, count * (int((now - base).total_seconds()) + count)
     while True:
         calls += 1
-        assert calls <= count, "the backlog never drained"
+        assert calls <= slots, "the backlog never drained"
         before = Schedule.objects.filter(pk__in=since, next_fire_at__lte=now)
         oldest = before.order_by("next_fire_at", "pk").first()
         result = fire_due_schedules(now, budget=TINY)
@@ -164,3 +165,21 @@ def test_the_timer_fires_for_its_budget_and_is_due_again_at_once(settings):
     assert len(fired_per_schedule(schedules)) == count
     # Nothing due now: the timer waits for the next slot (or its poll).
     assert timer.fire_if_due() is None
+
+
+@pytest.mark.django_db
+def test_a_long_catch_up_all_backlog_is_cut_between_slots_and_goes_on_from_the_first_left():
+    [schedule], base = make_due(1, catch_up="all", every_seconds=60)
+    now = base + timedelta(minutes=9, seconds=30)  # ten slots due: base .. base + 9 min
+    result = fire_due_schedules(now, budget=TINY)
+    assert (result.fired, result.left) == (1, 1)
+    assert Schedule.objects.get(pk=schedule.pk).next_fire_at == base + timedelta(minutes=1)
+    for fired in range(2, 11):
+        result = fire_due_schedules(now, budget=TINY)
+        assert result.fired == 1
+        assert result.left == (0 if fired == 10 else 1)
+    assert sorted(
+        ScheduleFire.objects.filter(schedule=schedule).values_list("fire_at", flat=True)
+    ) == [base + timedelta(minutes=m) for m in range(10)]
+    assert Schedule.objects.get(pk=schedule.pk).next_fire_at == base + timedelta(minutes=10)
+    assert Schedule.objects.get(pk=schedule.pk).last_fire_at == base + timedelta(minutes=9)
