@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import QuerySet
@@ -61,7 +61,7 @@ def bulk_cancel(
         reason=reason,
         batch_size=batch_size,
         target="filter",
-        described=_described(filters) if described is None else described,
+        described=filters.describe() if described is None else described,
     )
 
 
@@ -83,7 +83,7 @@ def bulk_retry(
         reason=reason,
         batch_size=batch_size,
         target="filter",
-        described=_described(filters) if described is None else described,
+        described=filters.describe() if described is None else described,
     )
 
 
@@ -207,20 +207,3 @@ def _bulk(
             reason=reason_text,
         )
     return changed
-
-
-def _described(filters: JobFilters) -> dict[str, Any]:
-    """The filter as the API's audit rows store it: its set fields, as JSON."""
-    described: dict[str, Any] = {}
-    for field in fields(filters):
-        if not field.compare:
-            continue
-        key, value = field.name, getattr(filters, field.name)
-        if value == field.default:
-            continue
-        if isinstance(value, list | tuple | set | frozenset):
-            value = sorted(str(v) for v in value)
-        elif not isinstance(value, str | int | float | bool | dict):
-            value = str(value)
-        described[key] = value
-    return described

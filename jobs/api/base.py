@@ -114,6 +114,27 @@ FILTER_PARAMETERS = [
         "q", OpenApiTypes.STR, description="Free text over id (or id prefix), operation and error."
     ),
     OpenApiParameter("schedule", OpenApiTypes.UUID, description="The jobs this schedule fired."),
+    OpenApiParameter("from", OpenApiTypes.DATETIME, description="As created_after."),
+    OpenApiParameter("to", OpenApiTypes.DATETIME, description="As created_before."),
+    OpenApiParameter(
+        "range",
+        OpenApiTypes.STR,
+        enum=list(selectors.RANGES),
+        description="Created in this last window (with created_after, the later bound counts).",
+    ),
+    OpenApiParameter(
+        "when",
+        OpenApiTypes.STR,
+        enum=["scheduled", "retrying"],
+        description="Queued jobs waiting for later: never run and due later (scheduled), "
+        "or waiting to run again (retrying).",
+    ),
+    OpenApiParameter(
+        "payload",
+        OpenApiTypes.STR,
+        description='A JSON object the payload contains, e.g. {"account": 42} (on PostgreSQL '
+        "by containment; on SQLite each top-level key must match exactly).",
+    ),
 ]
 
 

@@ -244,6 +244,9 @@ class BulkActionSerializer(StrictSerializer):
     created_before = serializers.CharField(required=False, help_text="ISO 8601.")
     q = serializers.CharField(required=False, allow_blank=True)
     schedule = serializers.CharField(required=False, help_text="A schedule id.")
+    range = serializers.CharField(required=False, help_text="A window ending now: 15m … 7d.")
+    when = serializers.CharField(required=False, help_text="scheduled or retrying.")
+    payload = serializers.JSONField(required=False, help_text="A JSON object the payload contains.")
     ids = serializers.ListField(child=serializers.UUIDField(), required=False)
     reason = serializers.CharField(
         required=False, allow_blank=True, allow_null=True, max_length=2000
@@ -251,6 +254,14 @@ class BulkActionSerializer(StrictSerializer):
     all = serializers.BooleanField(
         required=False, default=False, help_text="Required to act on every job (no filter)."
     )
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        # ``from`` and ``to`` (the short spellings of created_after/created_before) are
+        # Python keywords: they cannot be declared as class attributes.
+        fields = super().get_fields()
+        fields["from"] = serializers.CharField(required=False, help_text="As created_after.")
+        fields["to"] = serializers.CharField(required=False, help_text="As created_before.")
+        return fields
 
 
 class BulkResultSerializer(serializers.Serializer):

@@ -47,6 +47,18 @@ def add_filters(parser: CommandParser) -> None:
     parser.add_argument("--q", metavar="TEXT", help="Id (or prefix), operation or error text.")
     parser.add_argument("--created-after", metavar="ISO8601")
     parser.add_argument("--created-before", metavar="ISO8601")
+    parser.add_argument("--from", dest="from", metavar="ISO8601", help="As --created-after.")
+    parser.add_argument("--to", dest="to", metavar="ISO8601", help="As --created-before.")
+    parser.add_argument(
+        "--range", metavar="WINDOW", help=f"Created in the last {', '.join(selectors.RANGES)}."
+    )
+    parser.add_argument(
+        "--when", metavar="KIND", help="Queued jobs waiting for later: scheduled or retrying."
+    )
+    parser.add_argument("--schedule", metavar="ID", help="The jobs a schedule fired.")
+    parser.add_argument(
+        "--payload", metavar="JSON", help='A JSON object the payload contains: {"account": 42}.'
+    )
 
 
 def add_actor(parser: CommandParser) -> None:
@@ -144,22 +156,6 @@ def reason(raw: str) -> str:
     if problem:
         raise usage(f"--reason: {problem}")
     return normalise_reason(raw)
-
-
-def described(job_filters: selectors.JobFilters) -> dict[str, Any]:
-    """A filter as the audit log stores it: only the fields that were given."""
-    out: dict[str, Any] = {}
-    for name in ("status", "queue", "operation"):
-        if getattr(job_filters, name):
-            out[name] = list(getattr(job_filters, name))
-    if job_filters.parent or job_filters.top_level:
-        out["parent"] = str(job_filters.parent) if job_filters.parent else "none"
-    for name in ("created_after", "created_before"):
-        if getattr(job_filters, name):
-            out[name] = getattr(job_filters, name).isoformat()
-    if job_filters.q:
-        out["q"] = job_filters.q
-    return out
 
 
 # --- output --------------------------------------------------------------------------

@@ -123,6 +123,28 @@ class JobFilters:
     def querystring(self) -> str:
         return urlencode(self.params())
 
+    def describe(self) -> dict[str, Any]:
+        """The filter as an audit row stores it: only the fields that were given, as JSON."""
+        out: dict[str, Any] = {}
+        for name in ("status", "queue", "operation"):
+            if getattr(self, name):
+                out[name] = list(getattr(self, name))
+        if self.parent or self.top_level:
+            out["parent"] = str(self.parent) if self.parent else "none"
+        for name in ("created_after", "created_before"):
+            if getattr(self, name):
+                out[name] = getattr(self, name).isoformat()
+        for name in ("range", "when", "q"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
+        if self.schedule is not None:
+            out["schedule"] = str(self.schedule)
+        if self.payload is not None:
+            out["payload"] = self.payload
+        if self.ids:
+            out["ids"] = [str(i) for i in self.ids]
+        return out
+
     # --- applying ----------------------------------------------------------------
 
     def since(self, now: datetime | None = None) -> datetime | None:

@@ -40,7 +40,7 @@ from jobs.management import jobs_cli as cli
 from jobs.models import Job, JobEvent
 from jobs.states import TERMINAL
 
-FILTERS = ("status", "queue", "operation", "parent", "q", "created_after", "created_before")
+FILTERS = selectors.FILTER_KEYS
 PURGE_FILTERS = ("status", "queue", "operation")
 FINISHED = tuple(sorted(s.value for s in TERMINAL))
 PAST = {"cancel": "cancelled", "retry": "retried"}
@@ -189,7 +189,7 @@ class Command(BaseCommand):
         elif filters.is_empty and not o["all"]:
             raise cli.usage(
                 f"Name the jobs to {action}: ids, a filter (--status, --queue, --operation, "
-                "--parent, --q, --created-after, --created-before), or --all for every job."
+                "--parent, --q, --created-after, --created-before, …), or --all for every job."
             )
         else:
             self._act_on_filter(action, filters, by=by, reason=reason, go=o["yes"])
@@ -231,7 +231,7 @@ class Command(BaseCommand):
             )
         bulk = bulk_actions.bulk_cancel if action == "cancel" else bulk_actions.bulk_retry
         changed = bulk(
-            filters, user=by, reason=reason, described={"scope": "filter", **cli.described(filters)}
+            filters, user=by, reason=reason, described={"scope": "filter", **filters.describe()}
         )
         self.stdout.write(f"{PAST[action].capitalize()} {cli.count(changed)}.")
         if not changed:
@@ -271,7 +271,7 @@ class Command(BaseCommand):
                 audit.PURGE,
                 target=before,
                 count=deleted,
-                filters={"older_than_seconds": age.total_seconds(), **cli.described(filters)},
+                filters={"older_than_seconds": age.total_seconds(), **filters.describe()},
                 reason=reason,
             )
         self.stdout.write(f"Deleted {cli.count(deleted)} {before}.")
