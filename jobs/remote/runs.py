@@ -24,7 +24,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from jobs.claims import ClaimedJob, claim_jobs
+from jobs.claims import ClaimedJob, Runner, claim_jobs
 from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.exceptions import UnstorableValue
@@ -179,6 +179,8 @@ def _claim_once(worker: Worker, served: _Served, limit: int) -> list[ClaimedJob]
     ).exists():
         return []
     lease = float(knob("LEASE_SECONDS"))
+    # The worker's own host and pid, as it registered them, on each job.started.
+    runner = Runner(worker.hostname, worker.pid)
     claimed = (
         claim_jobs(
             queues=uncapped,
@@ -186,6 +188,7 @@ def _claim_once(worker: Worker, served: _Served, limit: int) -> list[ClaimedJob]
             limit=limit,
             lease_seconds=lease,
             operations=operations,
+            runner=runner,
         )
         if uncapped
         else []
@@ -199,6 +202,7 @@ def _claim_once(worker: Worker, served: _Served, limit: int) -> list[ClaimedJob]
             limit=limit - len(claimed),
             lease_seconds=lease,
             operations=operations,
+            runner=runner,
             cap=cap,
         )
     for queue, (rate, rate_queue_cap) in limited.items():
@@ -210,6 +214,7 @@ def _claim_once(worker: Worker, served: _Served, limit: int) -> list[ClaimedJob]
             limit=limit - len(claimed),
             lease_seconds=lease,
             operations=operations,
+            runner=runner,
             cap=rate_queue_cap,
         )
         if result.retry_in is not None:
