@@ -91,7 +91,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     # What a run may store (jobs.storable): a result's JSON longer than
     # MAX_RESULT_BYTES fails the job (ResultTooLarge; a remote complete gets a
-    # 400); longer error and event messages are cut, with a visible marker.
+    # 400), and so does a longer event message (EventMessageTooLong); longer
+    # error messages are cut, with a visible marker.
     "MAX_RESULT_BYTES": 1024 * 1024,
     "MAX_ERROR_MESSAGE_CHARS": 10_000,
     "MAX_EVENT_MESSAGE_CHARS": 10_000,

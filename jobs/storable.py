@@ -182,6 +182,26 @@ class ResultTooLarge(UnstorableValue):
     """A result whose JSON is longer than ``MAX_RESULT_BYTES``."""
 
 
+class EventMessageTooLong(UnstorableValue):
+    """An event message longer than ``MAX_EVENT_MESSAGE_CHARS``."""
+
+
+def check_event_message(text: str) -> None:
+    """``EventMessageTooLong`` for a message an operation reports past the cap.
+
+    Refused rather than cut: an operation that logs megabytes is a poison
+    operation, and its job fails naming the cap, as one whose result is too
+    large does. Messages the control plane writes itself (an error message
+    becoming ``job.failed``'s) are cut with a marker instead (``cap_event_message``).
+    """
+    limit = int(knob("MAX_EVENT_MESSAGE_CHARS"))
+    if 0 < limit < len(text):
+        raise EventMessageTooLong(
+            f"The event message is {len(text)} characters, more than MAX_EVENT_MESSAGE_CHARS "
+            f"({limit}). Log less in one event, or store the text elsewhere and emit a reference."
+        )
+
+
 def progress_value(value: Any, what: str = "progress") -> int:
     """``value`` as a progress count, or ``InvalidProgress`` saying why not.
 

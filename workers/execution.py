@@ -37,6 +37,7 @@ from jobs.operations import JobContext, Operation, OperationRegistry, OperationR
 from jobs.storable import (
     InvalidProgress,
     ResultTooLarge,
+    check_event_message,
     checked_progress,
     storable_json,
     text_problem,
@@ -180,6 +181,7 @@ def _emitter(job: ClaimedJob) -> Callable[..., int]:
         for name, text in (("event name", event), ("message", message or "")):
             if reason := text_problem(text):
                 raise UnstorableValue(f"The {name} {reason}.")
+        check_event_message(message or "")
         kwargs = dict(
             event=event,
             message=message,

@@ -35,7 +35,7 @@ from jobs.remote.errors import LeaseNotYours, RemoteRequestError
 from jobs.remote.grants import grant_for
 from jobs.remote.workers import get_remote_worker, held_by_other_accounts
 from jobs.states import CANCELLED, RUNNING, Status
-from jobs.storable import storable_json, text_problem, unstorable_fields
+from jobs.storable import check_event_message, storable_json, text_problem, unstorable_fields
 from jobs.transitions import cancel_jobs, complete_job, emit_event, fail_job
 
 # A long-poll never parks longer than this.
@@ -355,6 +355,10 @@ def post_event(
         storable_json(fields or {}, "event's fields", max_bytes=int(knob("MAX_RESULT_BYTES")))
     except UnstorableValue as error:
         raise RemoteRequestError(refused, {"fields": [str(error)]}) from None
+    try:  # and its message at most MAX_EVENT_MESSAGE_CHARS
+        check_event_message(message or "")
+    except UnstorableValue as error:
+        raise RemoteRequestError(refused, {"message": [str(error)]}) from None
     return emit_event(
         job_id,
         event=event,

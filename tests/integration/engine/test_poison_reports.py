@@ -1,9 +1,10 @@
-"""Poison values reported by remote workers, and the batched writes' containment (issue 27).
+"""Poison values reported by remote workers, and the batched writes' containment.
 
 Remote workers' ``complete``/``fail``/events get the local worker's caps: a
-result past ``MAX_RESULT_BYTES`` is a 400 (``RemoteRequestError``) and the job
-stays running; error and event messages are cut with a marker; progress out
-of range is refused. A batched success the database still refuses is written
+result past ``MAX_RESULT_BYTES`` or an event message past
+``MAX_EVENT_MESSAGE_CHARS`` is a 400 (``RemoteRequestError``) and the job
+stays running; error messages are cut with a marker; progress out of range
+is refused. A batched success the database still refuses is written
 one by one, failing only the job that holds the bad value.
 """
 
@@ -47,19 +48,25 @@ def test_a_remote_result_past_the_cap_is_refused_and_the_job_stays_running(held)
     assert Job.objects.get(pk=job_id).status == "succeeded"
 
 
-def test_remote_error_and_event_messages_are_cut_with_a_marker(held):
+def test_a_remote_error_message_is_cut_with_a_marker(held):
     job_id, token, user = held
-    remote.post_event(
-        job_id=job_id, lease_token=token, event="step", message="m" * 50_000, user=user
-    )
     remote.fail(
         job_id=job_id, lease_token=token, error_code="Boom", error_message="e" * 50_000, user=user
     )
     job = Job.objects.get(pk=job_id)
     assert job.status == "failed"
     assert job.error_message.endswith("… [truncated: 40000 of 50000 characters not stored]")
-    step = JobEvent.objects.get(job_id=job_id, event="step")
-    assert step.message.endswith("… [truncated: 40000 of 50000 characters not stored]")
+
+
+def test_a_remote_event_message_past_the_cap_is_refused_and_nothing_is_written(held):
+    job_id, token, user = held
+    with pytest.raises(RemoteRequestError) as refused:
+        remote.post_event(
+            job_id=job_id, lease_token=token, event="step", message="m" * 50_000, user=user
+        )
+    assert "MAX_EVENT_MESSAGE_CHARS" in refused.value.errors["message"][0]
+    assert not JobEvent.objects.filter(job_id=job_id, event="step").exists()
+    assert Job.objects.get(pk=job_id).status == "running"
 
 
 def test_remote_event_fields_past_the_cap_are_refused(held):
