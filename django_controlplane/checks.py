@@ -41,6 +41,9 @@ def register() -> None:
     checks.register(check_static_files, TAG)
     checks.register(check_mounted, TAG, checks.Tags.urls)
     checks.register(check_secret_key, TAG, checks.Tags.security)
+    from jobs.remote.grants import check_grants
+
+    checks.register(check_grants, TAG)
 
 
 # Keys that ship in source: the demo's default and what ``startproject`` writes.

@@ -292,3 +292,12 @@ def test_a_well_formed_knob_passes_the_check(grants) -> None:
     assert check_grants() == []
     grants(None)
     assert check_grants() == []
+
+
+def test_manage_py_check_reports_a_malformed_grants_knob(settings) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.CONTROLPLANE = {**(settings.CONTROLPLANE or {}), "REMOTE_WORKER_GRANTS": {"users": 3}}
+    with pytest.raises(SystemCheckError, match="controlplane.E010"):
+        call_command("check")
