@@ -4,8 +4,7 @@ Workers that cannot reach the database register, heartbeat, claim and report
 through the REST API; these plain functions do the work, the views in
 ``jobs.api.remote_views`` only parse and render. The modules:
 
-* ``workers`` -- register (with operation declarations), heartbeat,
-  disconnect, and ``soft_delete_orphan_operations`` (called by the reaper);
+* ``workers`` -- register (with operation declarations), heartbeat, disconnect;
 * ``runs`` -- claim with long-poll, events, complete, fail (token-fenced);
 * ``relay`` -- the one per-process wake-up source for long-polls and WebSockets;
 * ``grants`` -- ``REMOTE_WORKER_GRANTS``, which operations and queues each account serves.
@@ -22,7 +21,6 @@ from jobs.remote.workers import (
     get_remote_worker,
     heartbeat,
     register_worker,
-    soft_delete_orphan_operations,
 )
 
 __all__ = [
@@ -41,5 +39,4 @@ __all__ = [
     "post_event",
     "register_worker",
     "retry_backoff",
-    "soft_delete_orphan_operations",
 ]

@@ -20,11 +20,13 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from datetime import UTC, datetime, timedelta
 
+from django.db import transaction
 from django.utils import timezone
 
 from jobs.conf import knob
 from jobs.exceptions import UnknownOperation
-from jobs.models import RemoteOperation, Worker, WorkerKind
+from jobs.models import Job, RemoteOperation, Worker, WorkerKind
+from jobs.states import ACTIVE
 
 __all__ = [
     "DeclarationExpired",
@@ -40,6 +42,7 @@ __all__ = [
     "declared_operation",
     "seen_at",
     "served_operations",
+    "soft_delete_orphan_operations",
 ]
 
 
@@ -176,3 +179,52 @@ def declared_operation(name: str) -> RemoteOperation:
 def enqueueable(row: RemoteOperation, *, now: datetime, served: Collection[str]) -> bool:
     """Whether enqueue accepts ``row``'s operation now (the rule of ``declared_operation``)."""
     return not row.deleted and (row.name in served or in_grace(seen_at(row), now))
+
+
+def soft_delete_orphan_operations() -> int:
+    """Hide remote operations no live worker has provided for the grace and no pending job needs.
+
+    First ``last_seen_at`` of every visible operation moves up to the newest
+    heartbeat of any worker row naming it. Then an operation is hidden when
+    no live worker provides it (a heartbeat within ``WORKER_TIMEOUT_SECONDS``:
+    a worker that stopped beating but was not swept yet provides nothing),
+    its ``last_seen_at`` is older than ``REMOTE_OPERATION_GRACE_SECONDS``
+    (until then it stays enqueueable: a redeploy's gap), and no job of it is
+    queued or running. It comes back when a worker declares it again.
+
+    Safe to call any time and from several processes at once: the candidate
+    rows are locked, so a registration that declares one of them either
+    commits first (and its worker is seen) or un-hides it after. Returns the
+    number of operations hidden.
+    """
+    with transaction.atomic():
+        rows = list(RemoteOperation.objects.select_for_update().filter(deleted=False))
+        if not rows:
+            return 0
+        now = timezone.now()
+        newest = newest_heartbeats()
+        seen = []
+        for row in rows:
+            beat = newest.get(row.name)
+            if beat is not None and (row.last_seen_at is None or beat > row.last_seen_at):
+                row.last_seen_at = beat
+                seen.append(row)
+        if seen:
+            RemoteOperation.objects.bulk_update(seen, ["last_seen_at"])
+        since = alive_since(now)
+        provided = {name for name, beat in newest.items() if beat >= since}
+        recent = {row.name for row in rows if in_grace(seen_at(row), now)}
+        candidates = {row.name for row in rows} - provided - recent
+        if not candidates:
+            return 0
+        pending = set(
+            Job.objects.filter(status__in=list(ACTIVE), operation__in=candidates)
+            .values_list("operation", flat=True)
+            .distinct()
+        )
+        orphans = candidates - pending
+        if not orphans:
+            return 0
+        return RemoteOperation.objects.filter(name__in=orphans, deleted=False).update(
+            deleted=True, updated_at=timezone.now()
+        )

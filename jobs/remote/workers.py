@@ -25,14 +25,7 @@ from jobs.conf import knob
 from jobs.exceptions import IllegalTransition, LeaseLost
 from jobs.models import Job, RemoteOperation, Worker, WorkerKind
 from jobs.operations import registry, schema_problem
-from jobs.remote.declared import (
-    alive_since,
-    in_grace,
-    mark_seen,
-    may_serve_local,
-    newest_heartbeats,
-    seen_at,
-)
+from jobs.remote.declared import mark_seen, may_serve_local, soft_delete_orphan_operations
 from jobs.remote.errors import (
     LeaseNotYours,
     LocalOperationRefused,
@@ -42,7 +35,7 @@ from jobs.remote.errors import (
     WorkerNotFound,
 )
 from jobs.remote.grants import grant_for
-from jobs.states import ACTIVE, CANCELLED, RUNNING
+from jobs.states import CANCELLED, RUNNING
 from jobs.storable import text_problem
 from jobs.transitions import requeue_job
 from jobs.wakeups import notify_queues
@@ -517,52 +510,3 @@ def disconnect_worker(*, worker_id: uuid.UUID | str, user: Any) -> list[uuid.UUI
     soft_delete_orphan_operations()
     notify_queues(sorted(queues))
     return requeued
-
-
-def soft_delete_orphan_operations() -> int:
-    """Hide remote operations no live worker has provided for the grace and no pending job needs.
-
-    First ``last_seen_at`` of every visible operation moves up to the newest
-    heartbeat of any worker row naming it. Then an operation is hidden when
-    no live worker provides it (a heartbeat within ``WORKER_TIMEOUT_SECONDS``:
-    a worker that stopped beating but was not swept yet provides nothing),
-    its ``last_seen_at`` is older than ``REMOTE_OPERATION_GRACE_SECONDS``
-    (until then it stays enqueueable: a redeploy's gap), and no job of it is
-    queued or running. It comes back when a worker declares it again.
-
-    Safe to call any time and from several processes at once: the candidate
-    rows are locked, so a registration that declares one of them either
-    commits first (and its worker is seen) or un-hides it after. Returns the
-    number of operations hidden.
-    """
-    with transaction.atomic():
-        rows = list(RemoteOperation.objects.select_for_update().filter(deleted=False))
-        if not rows:
-            return 0
-        now = timezone.now()
-        newest = newest_heartbeats()
-        seen = []
-        for row in rows:
-            beat = newest.get(row.name)
-            if beat is not None and (row.last_seen_at is None or beat > row.last_seen_at):
-                row.last_seen_at = beat
-                seen.append(row)
-        if seen:
-            RemoteOperation.objects.bulk_update(seen, ["last_seen_at"])
-        since = alive_since(now)
-        provided = {name for name, beat in newest.items() if beat >= since}
-        recent = {row.name for row in rows if in_grace(seen_at(row), now)}
-        candidates = {row.name for row in rows} - provided - recent
-        if not candidates:
-            return 0
-        pending = set(
-            Job.objects.filter(status__in=list(ACTIVE), operation__in=candidates)
-            .values_list("operation", flat=True)
-            .distinct()
-        )
-        orphans = candidates - pending
-        if not orphans:
-            return 0
-        return RemoteOperation.objects.filter(name__in=orphans, deleted=False).update(
-            deleted=True, updated_at=timezone.now()
-        )
