@@ -1,6 +1,7 @@
 """The chaos soak: throughput under kill -9 and cut sessions, as a share of a calm run.
 
-    .venv/bin/python bench/chaos.py [--jobs 5000] [--restart-postgres] [--knob NAME=VALUE …]
+    .venv/bin/python bench/chaos.py [--jobs 5000] [--restart-postgres] [--skew SECONDS]
+                                    [--knob NAME=VALUE …]
 
 Two phases on the same jobs, workers and knobs, in one invocation:
 
@@ -22,6 +23,18 @@ and the invariants of ``tests/integration/engine/test_chaos.py``: stuck
 effects not exactly once. The knobs are the product's defaults (lease 30 s,
 reaper every 30 s) unless ``--knob`` overrides one.
 
+With ``--skew S`` both phases run with skewed wall clocks, as in
+``bench/clock_skew.py`` (Debian's libfaketime, the monotonic clock left
+alone): the workers alternate S slow and S fast (a replacement takes the
+next sign in turn), the reaper runs S fast; with ``--supervised`` the
+supervisor and so all its children run S slow. This process keeps the true
+clock. Per phase it also prints what a skew costs (with or without
+``--skew``, for the comparison): lease rescues
+(``job.lease_expired_requeue`` / ``job.lease_expired``) of jobs whose worker
+was alive (the pid of the ``job.started`` before the rescue, neither killed
+here nor exited), jobs failed, and timelines whose seq order is not their
+time order (``created_at``, then every event's ``ts``).
+
 PostgreSQL only (``BENCH_ADMIN_DSN``, default
 ``postgresql://postgres@127.0.0.1:5432/postgres``); the database
 ``--database`` (default ``bench_chaos``) is dropped and created afresh.
@@ -33,6 +46,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -47,6 +61,7 @@ PROJECT = BENCH_DIR.parent
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(PROJECT))
 
+from clock_skew import FAKETIME_LIB, skewed  # noqa: E402
 from peers import LOG_DIR, dsn_for, ensure_database, python  # noqa: E402
 
 QUEUE = "default"
@@ -109,6 +124,8 @@ class Phase:
     problems: dict[str, list[str]] = field(default_factory=dict)
     rescues: dict[str, float] = field(default_factory=dict)
     progress: list[str] = field(default_factory=list)
+    dead_pids: set[int] = field(default_factory=set)  # killed here, or exited by themselves
+    skew: dict[str, int] = field(default_factory=dict)  # what a skew would cost (skew_costs)
 
     steady: float = float("nan")  # jobs/s between 10 % and 90 % of the jobs finished
 
@@ -213,6 +230,57 @@ def rescue_costs() -> dict[str, float]:
     }
 
 
+def worker_pids(logs: list[str]) -> dict[str, int]:
+    """Worker id -> pid, from the ``worker.started`` lines of the processes' logs."""
+    found = re.findall(r"worker\.started id=([0-9a-f-]+) .*? pid=(\d+)", "\n".join(logs))
+    return {worker: int(pid) for worker, pid in found}
+
+
+def skew_costs(dead_pids: set[int], pids: dict[str, int]) -> dict[str, int]:
+    """What skewed clocks cost, as ``bench/clock_skew.py`` counts it.
+
+    - revoked live: lease rescues of jobs whose worker was alive: the pid of
+      the ``job.started`` before each rescue (its ``pid`` field, else its
+      ``worker`` id through ``pids``) is not one this benchmark killed (nor
+      one that exited by itself);
+    - revoked dead: the other rescues (the kills' own, expected);
+    - failed: jobs that ended ``failed``;
+    - unordered: timelines whose seq order is not their time order, from
+      ``created_at`` on.
+    """
+    from tests.integration.engine.test_chaos import _rows
+
+    rescued_pids = [
+        int(pid) if pid else pids.get(worker)
+        for pid, worker in _rows(
+            "SELECT s.fields->>'pid', s.fields->>'worker' FROM controlplane_jobevent r "
+            "LEFT JOIN LATERAL (SELECT fields FROM controlplane_jobevent s "
+            "WHERE s.job_id = r.job_id AND s.event = 'job.started' AND s.seq < r.seq "
+            "ORDER BY s.seq DESC LIMIT 1) s ON true "
+            "WHERE r.event IN ('job.lease_expired_requeue', 'job.lease_expired')"
+        )
+    ]
+    unknown = sum(1 for pid in rescued_pids if pid is None)
+    live = sum(1 for pid in rescued_pids if pid is not None and pid not in dead_pids)
+    failed = _rows("SELECT count(*) FROM controlplane_job WHERE status = 'failed'")[0][0]
+    unordered = _rows(
+        "SELECT count(DISTINCT job_id) FROM ("
+        "  SELECT e.job_id, e.ts, lag(e.ts) OVER (PARTITION BY e.job_id ORDER BY e.seq) AS prev,"
+        "         j.created_at FROM controlplane_jobevent e"
+        "  JOIN controlplane_job j ON j.id = e.job_id"
+        ") t WHERE t.ts < coalesce(t.prev, t.created_at)"
+    )[0][0]
+    jobs = _rows("SELECT count(*) FROM controlplane_job")[0][0]
+    return {
+        "revoked_live": live,
+        "revoked_dead": len(rescued_pids) - live - unknown,
+        "revoked_unknown": unknown,
+        "failed": failed,
+        "unordered": unordered,
+        "timelines": jobs,
+    }
+
+
 def run_phase(name: str, args: argparse.Namespace, env: dict[str, str], chaos: bool) -> Phase:
     """Start the reaper and the workers, enqueue the jobs in one commit, wait until all are done."""
     from django.db import connection, transaction
@@ -230,11 +298,16 @@ def run_phase(name: str, args: argparse.Namespace, env: dict[str, str], chaos: b
     retrying(reset)
     counter = iter(range(1_000_000))
 
+    def clock(sign: int) -> dict[str, str]:
+        """The environment of a process S slow (sign -1) or S fast (+1); as is without --skew."""
+        return skewed(env, sign * args.skew) if args.skew else env
+
     def start_worker() -> Proc:
         argv = ["runworker", "--queue", QUEUE, "--concurrency", str(args.concurrency)]
-        return Proc(argv, env, f"{name}-worker-{next(counter)}")
+        index = next(counter)
+        return Proc(argv, clock(-1 if index % 2 == 0 else 1), f"{name}-worker-{index}")
 
-    reaper = Proc(["reaper"], env, f"{name}-reaper")
+    reaper = Proc(["reaper"], clock(1), f"{name}-reaper")
     if args.supervised:
         supervisor = Proc(
             [
@@ -246,7 +319,7 @@ def run_phase(name: str, args: argparse.Namespace, env: dict[str, str], chaos: b
                 "--processes",
                 str(args.workers),
             ],
-            env,
+            clock(-1),
             f"{name}-supervisor",
         )
         workers = []
@@ -287,6 +360,7 @@ def run_phase(name: str, args: argparse.Namespace, env: dict[str, str], chaos: b
             for index, w in enumerate(workers):
                 if w.popen.poll() is not None:  # exited by itself: replace it, note it
                     print(f"  [{name}] worker pid {w.pid} exited {w.popen.returncode}")
+                    phase.dead_pids.add(w.pid)
                     workers[index] = start_worker()
                     everyone.append(workers[index])
             if args.supervised:
@@ -309,12 +383,14 @@ def run_phase(name: str, args: argparse.Namespace, env: dict[str, str], chaos: b
                 if all_serving and args.supervised:
                     victim = rng.choice(pids)
                     os.kill(victim, signal.SIGKILL)  # the supervisor forks a replacement
+                    phase.dead_pids.add(victim)
                     killed_at[victim] = time.monotonic()
                     phase.kills += 1
                     next_kill = time.monotonic() + args.kill_every
                 elif all_serving:
                     index = rng.randrange(len(workers))
                     workers[index].kill()
+                    phase.dead_pids.add(workers[index].pid)
                     phase.kills += 1
                     workers[index] = start_worker()
                     everyone.append(workers[index])
@@ -329,6 +405,8 @@ def run_phase(name: str, args: argparse.Namespace, env: dict[str, str], chaos: b
     phase.problems = retrying(violations)
     phase.steady = retrying(steady_rate)
     phase.rescues = retrying(rescue_costs)
+    pids = worker_pids([proc.output() for proc in everyone])
+    phase.skew = retrying(skew_costs, phase.dead_pids, pids)  # without --skew too: the baseline
     return phase
 
 
@@ -349,6 +427,14 @@ def summary(phase: Phase) -> list[str]:
     ]
     for key, items in phase.problems.items():
         lines.append(f"  {key}: {len(items)}, e.g. {items[0].splitlines()[0][:300]}")
+    if phase.skew:
+        k = phase.skew
+        lines.append(
+            f"  revoked live {k['revoked_live']} (rescues of jobs of killed or "
+            f"exited workers: {k['revoked_dead']}"
+            + (f", of unknown workers: {k['revoked_unknown']}" if k["revoked_unknown"] else "")
+            + f"), failed {k['failed']}, unordered timelines {k['unordered']}/{k['timelines']}"
+        )
     r = phase.rescues
     if phase.kills or r.get("lease_requeues"):
         serving = phase.serving_after
@@ -397,6 +483,13 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="a CONTROLPLANE_<NAME> knob for every process, e.g. LEASE_SECONDS=10",
     )
+    parser.add_argument(
+        "--skew",
+        type=int,
+        default=0,
+        metavar="SECONDS",
+        help="skewed wall clocks (libfaketime): workers alternate -S / +S, the reaper +S",
+    )
     parser.add_argument("--max-seconds", type=float, default=1200.0, help="bound of each phase")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--skip-calm", action="store_true")
@@ -404,6 +497,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.seed is None:
         args.seed = int(time.time())
+    if args.skew and not Path(FAKETIME_LIB).exists():
+        sys.exit(f"{FAKETIME_LIB} is missing: apt-get install faketime")
 
     ensure_database(args.database, fresh=True)
     url = dsn_for(args.database).replace("postgresql://", "postgres://", 1)
@@ -429,7 +524,14 @@ def main() -> None:
     print(
         f"{args.jobs:,} jobs, {args.workers} workers x {args.concurrency}"
         f"{' (runworker --processes)' if args.supervised else ''}, kill every "
-        f"{args.kill_every:g} s, seed {args.seed}, knobs {knobs or 'defaults'}; logs in {LOG_DIR}",
+        f"{args.kill_every:g} s, seed {args.seed}"
+        + (
+            f", clocks skewed: {'supervisor -S' if args.supervised else 'workers -S / +S'}, "
+            f"reaper +S, S = {args.skew} s"
+            if args.skew
+            else ""
+        )
+        + f", knobs {knobs or 'defaults'}; logs in {LOG_DIR}",
         flush=True,
     )
     calm = None if args.skip_calm else run_phase("calm", args, env, chaos=False)
