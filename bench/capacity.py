@@ -278,7 +278,7 @@ def measured(engine: EngineSystem, meter: WalMeter, jobs: int, action) -> Phase:
 
 
 def pause(paused: bool) -> None:
-    from jobs.api.actions import set_queue_paused
+    from django_controlplane.api.actions import set_queue_paused
 
     set_queue_paused(QUEUE, paused)
 

@@ -4,9 +4,9 @@ from django.contrib import admin
 from django.urls import include, path
 
 # JSON errors on the API's paths for requests no view answered; HTML elsewhere.
-from jobs.urls import handler400, handler403, handler404, handler500  # noqa: F401
+from django_controlplane.urls import handler400, handler403, handler404, handler500  # noqa: F401
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("", include("jobs.urls")),
+    path("", include("django_controlplane.urls")),
 ]

@@ -12,7 +12,7 @@ When does it read?
 * PostgreSQL: a statement-level trigger (migration ``jobs.0002``) sends
   ``NOTIFY controlplane_events`` for every statement that inserts events.
   The relay hears it on the process's shared LISTEN connection
-  (``jobs.remote.listener``), waits ``RELAY_DEBOUNCE_SECONDS`` so a burst of
+  (``django_controlplane.web.listener``), waits ``RELAY_DEBOUNCE_SECONDS`` so a burst of
   commits becomes one read, and reads. A safety read every
   ``RELAY_SAFETY_POLL_SECONDS`` covers a lost connection.
   Enqueues store no event row (``jobs.timeline``): the relay also hears the
@@ -41,8 +41,8 @@ from dashboard import detail as detail_reads
 from dashboard import render, selectors
 from dashboard.conf import setting
 from dashboard.cursor import EventCursor, NewJobCursor, max_event_id
+from django_controlplane.web.listener import listener
 from jobs.models import Job
-from jobs.remote.listener import listener
 from jobs.selectors import JobFilters
 from jobs.selectors.timeouts import bounded_reads
 from jobs.timeline import ENQUEUED_EVENT

@@ -5,7 +5,7 @@
     import django_controlplane
     django_controlplane.configure(globals())
 
-``urls.py``: ``path("ops/", include("jobs.urls"))`` (any prefix);
+``urls.py``: ``path("ops/", include("django_controlplane.urls"))`` (any prefix);
 ``asgi.py``: ``from django_controlplane.asgi import application``.
 
 ``configure`` adds the apps in ``APPS``, the middleware, the database options,

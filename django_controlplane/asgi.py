@@ -9,7 +9,7 @@ A host project's ``asgi.py`` (and ``settings.ASGI_APPLICATION``, which
     from django_controlplane.asgi import application  # noqa: E402
 
 It serves the whole project, not only the control plane: every HTTP request
-goes through ``jobs.web.dispatch.HttpDispatcher`` (sync views on a fixed set of
+goes through ``django_controlplane.web.dispatch.HttpDispatcher`` (sync views on a fixed set of
 web threads, async views on the event loop), WebSockets through Channels
 (ours under the URLconf's prefix, then the project's own), and the lifespan
 closes the database pool at shutdown. The process takes its database
@@ -31,9 +31,9 @@ django.setup()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
-from jobs.routing import controlplane_websockets  # noqa: E402
-from jobs.web.dispatch import HttpDispatcher  # noqa: E402
-from jobs.web.lifespan import lifespan  # noqa: E402
+from django_controlplane.routing import controlplane_websockets  # noqa: E402
+from django_controlplane.web.dispatch import HttpDispatcher  # noqa: E402
+from django_controlplane.web.lifespan import lifespan  # noqa: E402
 
 
 def make_application(websockets: list[Any] | None = None) -> ProtocolTypeRouter:

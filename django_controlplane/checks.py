@@ -41,7 +41,7 @@ def register() -> None:
     checks.register(check_static_files, TAG)
     checks.register(check_mounted, TAG, checks.Tags.urls)
     checks.register(check_secret_key, TAG, checks.Tags.security)
-    from jobs.remote.grants import check_grants
+    from django_controlplane.remote.grants import check_grants
 
     checks.register(check_grants, TAG)
 
@@ -142,7 +142,7 @@ def check_static_files(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
 
 def check_mounted(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from jobs.mount import NotMounted, mount_prefix
+    from django_controlplane.mount import NotMounted, mount_prefix
 
     try:
         mount_prefix()
@@ -150,7 +150,7 @@ def check_mounted(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
         return [
             checks.Error(
                 str(error),
-                hint='In your urls.py: path("ops/", include("jobs.urls")).',
+                hint='In your urls.py: path("ops/", include("django_controlplane.urls")).',
                 id="controlplane.E006",
             )
         ]

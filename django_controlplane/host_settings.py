@@ -31,8 +31,8 @@ APPS = [
     "drf_spectacular_sidecar",
 ]
 
-STATIC_MIDDLEWARE = "jobs.web.static.StaticFilesMiddleware"
-OVERLOAD_MIDDLEWARE = "jobs.web.overload.DatabaseUnavailableMiddleware"
+STATIC_MIDDLEWARE = "django_controlplane.web.static.StaticFilesMiddleware"
+OVERLOAD_MIDDLEWARE = "django_controlplane.web.overload.DatabaseUnavailableMiddleware"
 SECURITY_MIDDLEWARE = "django.middleware.security.SecurityMiddleware"
 
 ASGI_APPLICATION = "django_controlplane.asgi.application"
@@ -226,7 +226,8 @@ def _serving(settings: MutableMapping[str, Any]) -> None:
 
 
 def _logging(settings: MutableMapping[str, Any]) -> None:
-    """The workers' and the reaper's lines on stderr, unless the project routes them itself.
+    """The control plane's lines on stderr (workers, reaper, API errors), unless the project
+    routes them itself.
 
     ``CONTROLPLANE_LOG_FORMAT=json`` writes one JSON object per line
     (``jobs.logging_json``).
@@ -249,7 +250,7 @@ def _logging(settings: MutableMapping[str, Any]) -> None:
         },
     )
     loggers = logging.setdefault("loggers", {})
-    for name in ("jobs", "workers"):
+    for name in ("jobs", "workers", "dashboard", "django_controlplane"):
         loggers.setdefault(
             name,
             {

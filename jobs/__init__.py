@@ -1,25 +1,19 @@
-"""Jobs: the models, the state machine, operations and enqueue.
+"""Jobs: the core of the control plane (models, the state machine, operations, enqueue, reads).
 
-A host project adds the control plane through ``django_controlplane``
-(``APPS``, ``configure``); ``CONTROLPLANE_APPS`` is the name that list had
-before, kept for settings files written against it.
+It imports none of the faces that serve it (``django_controlplane``: the REST API,
+the remote-worker protocol, web serving, the admin, the commands; ``dashboard``).
+A host project adds the whole control plane through ``django_controlplane``.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    if name == "CONTROLPLANE_APPS":
-        warnings.warn(
+    if name == "CONTROLPLANE_APPS":  # the list's name before django_controlplane existed
+        raise AttributeError(
             "jobs.CONTROLPLANE_APPS is now django_controlplane.APPS; end settings.py with "
-            "django_controlplane.configure(globals()) to add them and the rest.",
-            DeprecationWarning,
-            stacklevel=2,
+            "django_controlplane.configure(globals()) to add them and the rest."
         )
-        from django_controlplane import APPS
-
-        return APPS
     raise AttributeError(f"module 'jobs' has no attribute {name!r}")

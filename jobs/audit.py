@@ -40,11 +40,11 @@ SCHEDULE_PAUSE = "schedule_pause"
 SCHEDULE_RESUME = "schedule_resume"
 SCHEDULE_RUN = "schedule_run"
 
-# Remote operations (jobs.remote.workers): target is the operation's name,
+# Remote operations (django_controlplane.remote.workers): target is the operation's name,
 # filter its declaration (and the one it replaced).
 DECLARE_OPERATION = "declare_operation"
 REDECLARE_OPERATION = "redeclare_operation"
-# A change made through the Django admin (jobs.admin): target is the object,
+# A change made through the Django admin (django_controlplane.admin): target is the object,
 # filter the model and the changed fields.
 ADMIN_CHANGE = "admin_change"
 

@@ -221,7 +221,7 @@ def claim_jobs(
     whose operation only remote workers provide; every other job is claimed,
     so a job of a genuinely unknown operation still fails ``UnknownOperation``.
 
-    ``cap`` (one queue only) is horsies' cluster-wide cap: the claim takes an
+    ``cap`` (one queue only) is a cap across every worker: the claim takes an
     advisory lock for the queue, counts its running jobs and claims at most
     ``cap - running``, so concurrent workers never exceed it together.
 
@@ -332,7 +332,7 @@ def extend_leases(
         if d.postgres:
             # Never wait for a job row: the same worker's batched success write
             # (complete_and_claim) locks its rows in the batch's order, this in
-            # the index's, and two waits made a deadlock (issue 27). A row
+            # the index's, and two waits made a deadlock. A row
             # locked right now (being completed, or by a reaper or an operator)
             # is skipped: its lease is extended at the next beat, and it counts
             # as held while this statement's snapshot shows it running with our
@@ -536,9 +536,7 @@ def complete_and_claim(
     )
     with connections[using].cursor() as cursor:
         runner = this_process()
-        cursor.execute(
-            sql, [*done_params, *claim_params, str(worker_id), runner.host, runner.pid]
-        )
+        cursor.execute(sql, [*done_params, *claim_params, str(worker_id), runner.host, runner.pid])
         rows = cursor.fetchall()
     moved = [r[0] for r in rows if r[1] is None]
     return moved, [_claimed(d, r) for r in rows if r[1] is not None]

@@ -65,9 +65,9 @@ DEFAULTS: dict[str, Any] = {
     # worker declaring them left (a redeploy): their jobs wait queued for the
     # next worker. After it, enqueue answers "Unknown operation".
     "REMOTE_OPERATION_GRACE_SECONDS": 24 * 3600.0,
-    # Remote workers may serve local and built-in operations (jobs.remote.declared).
+    # Remote workers may serve local and built-in operations (jobs.remote_operations).
     "REMOTE_MAY_SERVE_LOCAL": False,
-    # Which operations and queues each remote account may serve (jobs.remote.grants):
+    # Which operations and queues each remote account may serve (django_controlplane.remote.grants):
     # {"users": {name: {"operations": [globs], "queues": [globs]}}, "groups": {...}}.
     # None: no allow-list. Set: an account listed nowhere serves nothing.
     "REMOTE_WORKER_GRANTS": None,
@@ -105,7 +105,7 @@ DEFAULTS: dict[str, Any] = {
     "REPLICA_MAX_LAG_SECONDS": 5.0,
     "REPLICA_CHECK_SECONDS": 1.0,
     "REPLICA_STICKY_SECONDS": 5.0,
-    # manage.py serve (jobs.web.processes): a connection whose request head has not
+    # manage.py serve (django_controlplane.web.processes): a connection whose request head has not
     # all arrived this long after it opened (or after the head's first byte) is
     # closed; an idle keep-alive connection after KEEP_ALIVE; a WebSocket message
     # larger than MAX_WEBSOCKET_MESSAGE_BYTES closes its socket (1009).

@@ -340,7 +340,7 @@ class RemoteOperation(models.Model):
     Soft-deleted (``deleted``) once no live worker has provided it for
     ``REMOTE_OPERATION_GRACE_SECONDS`` and no job of it is pending; declared
     again, it comes back. ``last_seen_at`` is the last time a worker that
-    declares it was known alive (``jobs.remote.declared``).
+    declares it was known alive (``jobs.remote_operations``).
     """
 
     name = models.CharField(primary_key=True, max_length=200)
@@ -350,7 +350,7 @@ class RemoteOperation(models.Model):
     deleted = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
-    # The account that first declared it (jobs.remote.workers): only it (or a
+    # The account that first declared it (django_controlplane.remote.workers): only it (or a
     # superuser) may declare it again or serve it. NULL: declared before owners
     # were kept; the next account to declare it becomes its owner.
     owner = models.ForeignKey(

@@ -159,7 +159,7 @@ class Operation:
             getattr(error, "retryable", False)
         )
 
-    # Hooks (Sourcegraph's PreHandle / PostHandle). Errors in hooks are logged, not fatal.
+    # Hooks around each run (before it starts, after it ends). Errors in hooks are logged, not fatal.
     def before(self, ctx: JobContext) -> None:
         """Runs before each execution, in the worker thread."""
 
@@ -522,13 +522,13 @@ class RemoteOperationSpec:
 
 def operation_spec(name: str) -> Operation | RemoteOperationSpec:
     """Resolve ``name`` for enqueue: a local operation, else a remote declaration that a
-    worker serves or served within ``REMOTE_OPERATION_GRACE_SECONDS`` (``jobs.remote.declared``).
+    worker serves or served within ``REMOTE_OPERATION_GRACE_SECONDS`` (``jobs.remote_operations``).
 
     Raises ``UnknownOperation``, whose message says which of the two it is not.
     """
     if name in registry:
         return registry.get(name)
-    from jobs.remote.declared import declared_operation
+    from jobs.remote_operations import declared_operation
 
     remote = declared_operation(name)
     return RemoteOperationSpec(

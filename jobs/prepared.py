@@ -86,7 +86,7 @@ def fetch_all(
     they see it (so it does on a connection shared between threads);
     otherwise it skips the cursor wrapper and reuses one preparing cursor per
     connection, about 50 us less client CPU per call (a fifth of a one-job
-    enqueue's, measured for issue 17).
+    enqueue's, measured).
     """
     connection = connections[using]
     if not prepared_statements_on(using):

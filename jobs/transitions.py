@@ -443,7 +443,7 @@ OUTAGE_REQUEUES_SPENT_SQL = (
 def outage_requeues_spent(job_id: uuid.UUID, *, using: str = "default") -> int:
     """How many ``job.outage_requeue`` the job had since the last operator retry.
 
-    Counted from the timeline (as Protea's reaper counts its lease requeues):
+    Counted from the timeline, so the count survives every process that requeued it:
     the events are the record, and an operator retry gives the full budget back.
     """
     d = dialect(using)

@@ -159,7 +159,7 @@ def wait_for_other_sessions_to_finish(timeout: float = 5.0) -> None:
 @pytest.fixture(autouse=True)
 def _forget_cached_queue_settings() -> Iterator[None]:
     """The flush between tests deletes queue rows without signals: start from a cold cache."""
-    from jobs.remote.runs import queue_settings
+    from django_controlplane.remote.runs import queue_settings
 
     queue_settings.forget()
     yield

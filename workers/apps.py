@@ -13,7 +13,7 @@ class WorkersConfig(AppConfig):
     as the process (modules, classes, functions, model fields), and the
     collector walks them again and again while they pile up: about 55 ms of
     CPU before a worker could claim in a fresh ``startproject`` host. This is
-    the first app of ``CONTROLPLANE_APPS``, so its config is made before the
+    the first app of ``django_controlplane.APPS``, so its config is made before the
     other apps' modules load: the collector is off from there (the other apps'
     packages, every ``models`` module) to this app's ``ready()``, the first of
     the ready phase, which freezes what set-up made (later collections, and the

@@ -156,7 +156,7 @@ class JobThreads:
 class JobWorker:
     """Serves job queues and batch queues alike; each queue's kind decides.
 
-    Subclass and override the hooks (Sourcegraph's PreDequeue / PreHandle /
+    Subclass and override the hooks (PreDequeue / PreHandle /
     PostHandle) to add a budget or per-job set-up.
     """
 

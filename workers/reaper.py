@@ -419,9 +419,9 @@ def purge_messages_of_finished_parents(limit: int) -> int:
 
 
 def _hide_orphan_operations() -> int:
-    """Soft-delete remote operations nobody provides any more (see jobs.remote)."""
+    """Soft-delete remote operations nobody provides any more (jobs.remote_operations)."""
     try:
-        from jobs.remote.declared import soft_delete_orphan_operations
+        from jobs.remote_operations import soft_delete_orphan_operations
     except ImportError:
         return 0
     return soft_delete_orphan_operations()

@@ -1,4 +1,4 @@
-"""Two-stage shutdown (Protea's ShutdownGuard), with a bound on the whole of it.
+"""Two-stage shutdown (finish what runs, then requeue it), with a bound on the whole of it.
 
 First SIGTERM/SIGINT: stop claiming; in-flight work gets ``SHUTDOWN_GRACE_SECONDS``
 to finish. Then the engine requeues whatever still runs (``job.requeued``),

@@ -1,4 +1,4 @@
-"""``runworker --processes N``: N worker processes under one supervisor (horsies' process model).
+"""``runworker --processes N``: N worker processes under one supervisor (a process pool).
 
 Each child is a full ``runworker`` process with its own Worker row, so a
 child that crashes (segfault, ``os._exit``, OOM kill) takes only itself down.
@@ -19,6 +19,12 @@ the supervisor; once that is ``TIMEOUT_KILL_GRACE_SECONDS`` old the
 supervisor sends the child SIGTERM (its other jobs get the shutdown grace,
 then are requeued), SIGKILL if it is still there after the grace and
 clean-up, and starts a replacement as for a crash.
+
+A stop signal is never lost on a replacement: the supervisor holds
+SIGTERM/SIGINT blocked from its last look at ``stopping`` until the new child
+is in ``children`` (a signal in between is delivered then, and forwarded to
+it), and each child ends with its supervisor (``PR_SET_PDEATHSIG``) should the
+supervisor be killed outright.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from workers.shutdown import EXIT_GRACE_RAN_OUT, EXIT_GRACEFUL
 from workers.timeouts import report_to
 
 log = logging.getLogger("workers")
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+PR_SET_PDEATHSIG = 1
 
 
 def _shared_double() -> ctypes.c_double:
@@ -90,10 +98,20 @@ class Child:
             os.kill(self.pid, signum)
 
 
+def _end_with_parent() -> None:
+    """Receive SIGTERM when the supervisor dies, even by SIGKILL (Linux; elsewhere a no-op)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve_as_child(args: list[str], worker_id: str, abandoned_since: ctypes.c_double) -> int:
     """Run ``runworker`` in a freshly forked child; its exit code."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)  # the worker installs its own
+    _end_with_parent()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the fork's caller
     random.seed()  # the backoff jitter must differ between siblings
     report_to(abandoned_since)
     code = 1
@@ -124,8 +142,12 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._forward)
         signal.signal(signal.SIGINT, self._forward)
-        for child in self.children:
-            child.start()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            for child in self.children:
+                child.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         codes: dict[int, int] = {}
         while True:
             running = 0
@@ -142,7 +164,14 @@ class Supervisor:
                     codes[index] = code
                     continue
                 self._recover(child, code)
-                child.start()
+                signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+                try:
+                    if self.stopping:  # a stop arrived during the recovery: no replacement
+                        codes[index] = code
+                        continue
+                    child.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
                 running += 1
             if running == 0:
                 break

@@ -20,7 +20,7 @@ register = template.Library()
 @register.simple_tag
 def mounted(path: str) -> str:
     """``path`` under the control plane's mount point (``ws/dashboard/`` at ``/ops/``)."""
-    from jobs.mount import mount_prefix
+    from django_controlplane.mount import mount_prefix
 
     return mount_prefix() + path
 

@@ -1,7 +1,7 @@
 """``RemoteOperation.last_seen_at``: when a worker declaring it was last known alive.
 
 Declared operations stay enqueueable for ``REMOTE_OPERATION_GRACE_SECONDS``
-after that moment (``jobs.remote.declared``). Rows without one count from
+after that moment (``jobs.remote_operations``). Rows without one count from
 their ``updated_at``, the last time a registration touched them.
 """
 

@@ -1,4 +1,4 @@
-"""Unique jobs (issue 15): ``idempotency_key`` becomes ``unique_key`` with a ``unique_while`` mode.
+"""Unique jobs: ``idempotency_key`` becomes ``unique_key`` with a ``unique_while`` mode.
 
 Existing keys keep their meaning: they are held until retention. One partial
 unique index (``job_unique_key_held``) replaces the old one; its condition

@@ -1,4 +1,4 @@
-"""Metrics (issue 16): the reaper's per-minute rollup, all-time totals and its event watermark."""
+"""Metrics: the reaper's per-minute rollup, all-time totals and its event watermark."""
 
 from django.db import migrations, models
 

@@ -1,4 +1,4 @@
-"""Tracing (issue 16): the enqueuer's OpenTelemetry context, stored with each job (jobs.tracing)."""
+"""Tracing: the enqueuer's OpenTelemetry context, stored with each job (jobs.tracing)."""
 
 from django.db import migrations, models
 

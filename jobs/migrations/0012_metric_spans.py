@@ -1,4 +1,4 @@
-"""Metrics (issue 16): quarter-hour and hourly sums of the per-minute rollup, for the
+"""Metrics: quarter-hour and hourly sums of the per-minute rollup, for the
 dashboard's charts of a day and more (jobs.metrics.spans)."""
 
 from django.db import migrations, models

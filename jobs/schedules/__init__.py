@@ -1,4 +1,4 @@
-"""Periodic schedules (issue 15): cron or fixed-interval jobs, fired by the reaper.
+"""Periodic schedules: cron or fixed-interval jobs, fired by the reaper.
 
 - ``timing``: cron (5 or 6 fields), intervals, time zones and the DST rule;
   no database.

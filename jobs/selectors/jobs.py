@@ -100,7 +100,7 @@ def job_list(
     """One page of jobs, newest first, and the cursor of the next page (or None).
 
     ``document``: an expression over a job's row that gives its JSON as text
-    (``jobs.api.serializers.sql_document``). On PostgreSQL the page then comes
+    (``django_controlplane.api.serializers.sql_document``). On PostgreSQL the page then comes
     back as those texts (``JobPage.documents``) and no model instance is made;
     elsewhere it is ignored. ``bounded``: read under the limits of
     ``bounded_reads`` (in one round trip, ``bounded_fetchall``, when it can).

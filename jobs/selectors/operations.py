@@ -4,7 +4,7 @@ Local operations come from the process's registry (``jobs.operations.registry``)
 remote ones from the ``RemoteOperation`` rows that are not hidden. A remote
 declaration whose workers have all left is still listed (``online`` false)
 and still ``enqueueable`` within ``REMOTE_OPERATION_GRACE_SECONDS`` of its
-``last_seen_at`` (``jobs.remote.declared``). A remote row named like a local
+``last_seen_at`` (``jobs.remote_operations``). A remote row named like a local
 operation is shadowed by it, as enqueue resolves the local one first.
 """
 
@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from jobs.models import RemoteOperation, Worker, WorkerKind
 from jobs.operations import Operation, registry
-from jobs.remote.declared import alive_since, enqueueable, seen_at, served_operations
+from jobs.remote_operations import alive_since, enqueueable, seen_at, served_operations
 
 LOCAL = "local"
 REMOTE = "remote"

@@ -49,7 +49,7 @@ def test_asgi_is_the_readme_block() -> None:
 
 
 def test_urls_are_the_readme_block_at_the_root() -> None:
-    readme = block('include("jobs.urls")').replace('path("ops/"', 'path(""')
+    readme = block('include("django_controlplane.urls")').replace('path("ops/"', 'path(""')
     assert code_lines((DEMO / "urls.py").read_text()) == code_lines(readme)
 
 

@@ -26,12 +26,16 @@ from hypothesis import strategies as st
 
 from dashboard.inputs import request_problems
 from jobs.selectors import FILTER_KEYS as FIELDS
-from jobs.selectors import InvalidFilter, JobFilters, job_filters_from_query, parse_limit
+from jobs.selectors import (
+    InvalidFilter,
+    JobFilters,
+    job_filters_from_query,
+    parse_limit,
+    read_job_filters,
+)
 from jobs.selectors import JobFilters as ApiFilters
-from jobs.selectors import read_job_filters
 from jobs.selectors.payload import InvalidJSON, parse_json_object
-from jobs.storable import printable
-from jobs.storable import text_problem
+from jobs.storable import printable, text_problem
 
 PROPERTY = settings(
     max_examples=200,

@@ -1,4 +1,5 @@
-"""jobs.api.serializers.represent_many: the same JSON as DRF's own ``serializer(instance).data``."""
+"""``represent_many`` (django_controlplane.api.serializers): the same JSON as DRF's own
+``serializer(instance).data``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from django.utils import timezone
 from rest_framework import serializers
 
-from jobs.api.serializers import (
+from django_controlplane.api.serializers import (
     EnqueuedJobSerializer,
     JobDetailSerializer,
     JobSerializer,

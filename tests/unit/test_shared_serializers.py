@@ -1,4 +1,5 @@
-"""jobs.api.serializers.validated/represent: one serializer instance for every thread."""
+"""``validated``/``represent`` (django_controlplane.api.serializers): one serializer instance
+for every thread."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import uuid
 import pytest
 from rest_framework.exceptions import ValidationError
 
-from jobs.api.serializers import (
+from django_controlplane.api.serializers import (
     EnqueuedJobSerializer,
     EnqueueSerializer,
     JobSerializer,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from jobs.web.responder import BufferedResponse, respond, wsgi_environ
-from jobs.web.threads import Busy, WebThreads
+from django_controlplane.web.responder import BufferedResponse, respond, wsgi_environ
+from django_controlplane.web.threads import Busy, WebThreads
 
 
 class Recorder:
@@ -181,7 +181,11 @@ def test_async_view_steps_are_handed_over_one_per_thread_at_a_time():
 
 
 def test_only_the_long_polling_claim_is_served_as_an_async_view():
-    from jobs.web.dispatch import MAX_REMEMBERED_PATH, HttpDispatcher, _resolves_to_async_view
+    from django_controlplane.web.dispatch import (
+        MAX_REMEMBERED_PATH,
+        HttpDispatcher,
+        _resolves_to_async_view,
+    )
 
     worker = "0339fc4f-5d09-429a-920b-99ab44f8aabf"
     is_async = HttpDispatcher.is_async_view

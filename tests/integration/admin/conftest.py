@@ -14,8 +14,8 @@ from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.test import Client
 
-from jobs.permissions import ACT_PERM, VIEW_PERM
 from jobs.models import Job
+from jobs.permissions import ACT_PERM, VIEW_PERM
 
 
 def staff_user(role: str) -> User:

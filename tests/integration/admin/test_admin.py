@@ -13,8 +13,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from django_controlplane.admin import EVENTS_SHOWN
 from jobs import operator_actions
-from jobs.admin import EVENTS_SHOWN
 from jobs.enqueue import JobSpec, enqueue_many
 from jobs.models import Job, JobEvent, OperatorAction, Queue, Worker
 from jobs.transitions import emit_event

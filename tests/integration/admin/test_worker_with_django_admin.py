@@ -2,7 +2,7 @@
 
 A project made by ``django-admin startproject`` lists ``django.contrib.admin``,
 whose ``AdminConfig`` imports every app's ``admin`` module at set-up, in every
-process: workers, the reaper, ``migrate``. ``jobs.admin`` therefore defines
+process: workers, the reaper, ``migrate``. ``django_controlplane.admin`` therefore defines
 and registers its ``ModelAdmin`` classes with what that takes, and loads the
 dashboard's actions, permissions, selectors and audit log (with the auth
 views behind them) in the methods that show a page or run an action.
@@ -91,7 +91,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("ops/", include("jobs.urls")),
+    path("ops/", include("django_controlplane.urls")),
 ]
 """
 
@@ -124,9 +124,9 @@ NOT_IN_A_WORKER = (
     "dashboard.urls",
     "jobs.selectors",
     "jobs.replica",
-    "jobs.urls",
-    "jobs.api",
-    "jobs.web",
+    "django_controlplane.urls",
+    "django_controlplane.api",
+    "django_controlplane.web",
     "django.contrib.auth.views",
     "rest_framework.views",
     "rest_framework.serializers",
@@ -210,7 +210,7 @@ def test_a_worker_in_a_host_with_djangos_admin_loads_no_page_helpers(
     modules = report["modules"]
     assert "workers.engine" in modules  # the worker really ran in that process
     # Django's AdminConfig did discover the admin modules (this is the plain admin)…
-    assert {"jobs.admin", "django.contrib.auth.admin"} <= set(modules)
+    assert {"django_controlplane.admin", "django.contrib.auth.admin"} <= set(modules)
     assert {"controlplane.Job", "controlplane.Queue", "controlplane.Worker"} <= set(
         report["admin"]
     ), textwrap.shorten(str(report["admin"]), 300)

@@ -334,7 +334,7 @@ def test_permission_denied_outside_a_view_is_json_for_the_api():
     from django.core.exceptions import PermissionDenied
     from django.test import RequestFactory
 
-    from jobs.api.errors import handler403
+    from django_controlplane.api.errors import handler403
 
     response = handler403(RequestFactory().get("/jobs"), PermissionDenied("No."))
     assert response.status_code == 403 and response["Content-Type"] == "application/json"

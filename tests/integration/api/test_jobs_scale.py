@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from django_controlplane.api import views
 from jobs import selectors
-from jobs.api import views
 from jobs.models import Job
 from tests.integration.foundation.helpers import queued
 

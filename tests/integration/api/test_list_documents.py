@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from django_controlplane.api.serializers import JobSerializer, sql_document
 from jobs import selectors
-from jobs.api.serializers import JobSerializer, sql_document
 from jobs.models import Job
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from jobs.models import RemoteOperation, Worker
 from jobs.operations import registry
-from jobs.remote.declared import soft_delete_orphan_operations
+from jobs.remote_operations import soft_delete_orphan_operations
 
 from .conftest import assert_error_shape
 

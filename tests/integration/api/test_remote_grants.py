@@ -17,10 +17,10 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.authtoken.models import Token
 
+from django_controlplane.remote.grants import check_grants, parse_grants
 from jobs.conf import DEFAULTS, knob
 from jobs.enqueue import enqueue
 from jobs.models import Job, JobEvent, OperatorAction, RemoteOperation, Worker
-from jobs.remote.grants import check_grants, parse_grants
 
 from .conftest import ROLE_PERMISSIONS, Api, assert_error_shape, make_user
 

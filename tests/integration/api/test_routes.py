@@ -3,7 +3,7 @@
 Both spellings must give the same status and neither may redirect (docs/rest-api.md).
 Each call gets fresh state from its own factory, so a state-changing route
 (disconnect, complete) answers the second spelling exactly as the first.
-The first test keeps the table honest: a route added to ``jobs.api.urls``
+The first test keeps the table honest: a route added to ``django_controlplane.api.urls``
 without a row here fails it.
 """
 
@@ -98,7 +98,7 @@ def _api_patterns(resolver: URLResolver, prefix: str = "") -> list[URLPattern]:
 
 
 def test_the_table_names_every_route_and_method():
-    from jobs.api import urls
+    from django_controlplane.api import urls
 
     served = set()
     for pattern in _api_patterns(get_resolver(urls)):

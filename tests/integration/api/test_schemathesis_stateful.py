@@ -269,7 +269,7 @@ def test_stateful_links_find_no_server_errors():
         logging.getLogger("django.request").removeHandler(errors)
         # A parked claim started the process's LISTEN connection (PostgreSQL); it
         # would keep the test database from being dropped. The next user restarts it.
-        from jobs.remote.listener import listener
+        from django_controlplane.web.listener import listener
 
         listener.stop()
     print(

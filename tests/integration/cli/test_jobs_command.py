@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.api.serializers import JobSerializer
+from django_controlplane.api.serializers import JobSerializer
 from jobs.enqueue import JobSpec, enqueue_many
 from jobs.models import Job, JobEvent, OperatorAction
 from tests.conftest import ROOT

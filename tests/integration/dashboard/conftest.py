@@ -41,6 +41,6 @@ def _close_the_listen_connection(django_db_setup, django_db_blocker) -> Iterator
     """The relays' shared LISTEN connection (PostgreSQL) must close before the test
     database is dropped; it is torn down before ``django_db_setup``, which it depends on."""
     yield
-    from jobs.remote.listener import listener
+    from django_controlplane.web.listener import listener
 
     listener.stop()

@@ -12,9 +12,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from dashboard import selectors
+from jobs.models import Job
 from jobs.selectors import counts, timeouts
 from jobs.selectors import job_count as core_job_count
-from jobs.models import Job
 from tests.integration.dashboard.helpers import queued
 
 
@@ -149,8 +149,8 @@ def _show_timeout() -> str:
 def test_websocket_catch_up_reads_run_under_the_timeout(monkeypatch) -> None:
     """The socket's catch-up reads (job timeline, gap fill, list rows) are bounded too."""
     from dashboard import consumers, detail
-    from jobs.selectors import JobFilters
     from dashboard.relay import Subscription
+    from jobs.selectors import JobFilters
 
     monkeypatch.setenv("CONTROLPLANE_DASHBOARD_STATEMENT_TIMEOUT_MS", "4321")
     seen: list[str] = []

@@ -10,9 +10,9 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard import selectors
+from jobs.models import Job
 from jobs.selectors import read_job_filters
 from jobs.selectors.payload import json_contains
-from jobs.models import Job
 from tests.integration.dashboard.helpers import failed, queued, running, succeeded
 
 

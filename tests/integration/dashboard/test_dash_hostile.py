@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dashboard.consumers import DashboardConsumer
-from jobs.selectors.payload import MAX_JSON_DEPTH
 from dashboard.relay import relay
 from jobs.models import JobEvent, OperatorAction, Queue
+from jobs.selectors.payload import MAX_JSON_DEPTH
 from tests.integration.dashboard.helpers import failed, fresh, make_user, queued
 
 pytestmark = pytest.mark.django_db

@@ -15,10 +15,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from django_controlplane.remote import register_worker
 from jobs import audit
 from jobs.models import Job, OperatorAction
 from jobs.operations import operation, registry
-from jobs.remote import register_worker
 from tests.integration.dashboard.helpers import HOSTILE_SCRIPT, make_user
 from tests.integration.timelines import events_of
 

@@ -43,16 +43,17 @@ WEB_STACK = (
     "drf_spectacular.openapi",
     "controlplane.urls",
     "controlplane.asgi",
-    "jobs.urls",
-    "jobs.api",
-    "jobs.web",
+    "django_controlplane.urls",
+    "django_controlplane.api",
+    "django_controlplane.web",
     "dashboard.urls",
     "dashboard.views",
     "prometheus_client",
 )
 # Loaded on demand only: payload validation (jsonschema with referencing, attrs
 # and rpds; fastjsonschema), which a worker needs when an operation enqueues;
-# the pages and actions behind Django's admin (jobs.admin loads them where it shows a page).
+# the pages and actions behind Django's admin (django_controlplane.admin loads them
+# where it shows a page).
 ON_DEMAND = ("jsonschema", "referencing", "fastjsonschema", "jobs.schema_validator", "re2")
 ON_DEMAND += ("jobs.operator_actions", "jobs.bulk_actions", "jobs.permissions", "jobs.selectors")
 ON_DEMAND += ("dashboard.audit", "dashboard.permissions", "dashboard.db")
@@ -68,9 +69,10 @@ def modules_under(packages: tuple[str, ...], modules: list[str]) -> list[str]:
 
 def test_modules_under_matches_packages_and_their_submodules() -> None:
     found = modules_under(
-        WEB_STACK, ["daphne", "daphne.server", "jobs.api.views", "jobs.apis", "jobs.models"]
+        WEB_STACK,
+        ["daphne", "daphne.server", "django_controlplane.api.views", "jobs.apis", "jobs.models"],
     )
-    assert found == ["daphne.server", "jobs.api.views"]
+    assert found == ["daphne.server", "django_controlplane.api.views"]
 
 
 def test_runworker_imports_no_web_stack(subprocess_env) -> None:

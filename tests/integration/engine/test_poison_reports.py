@@ -15,11 +15,11 @@ import uuid
 import pytest
 from django.contrib.auth import get_user_model
 
-from jobs import remote
+from django_controlplane import remote
+from django_controlplane.remote import RemoteRequestError
 from jobs.claims import Completion, claim_jobs
 from jobs.enqueue import enqueue
 from jobs.models import Job, JobEvent, Worker
-from jobs.remote import RemoteRequestError
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

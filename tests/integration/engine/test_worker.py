@@ -217,3 +217,25 @@ def test_crashed_child_process_is_replaced_and_its_job_requeued(worker):
     assert "worker.child_died" in proc.output()
     proc.signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0, proc.output()
+
+
+def _alive(pid: str) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_children_end_with_a_supervisor_killed_outright(worker):
+    """A SIGKILLed supervisor cannot forward a stop: its children must still go (PDEATHSIG)."""
+    proc = worker(args=("--processes", "2"))
+    wait_for(lambda: Worker.objects.count() == 2, timeout=30, message="both children serving")
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(children) == 2
+    proc.signal(signal.SIGKILL)
+    wait_for(
+        lambda: not any(_alive(child) for child in children),
+        timeout=30,
+        message="the children ended with their supervisor",
+    )

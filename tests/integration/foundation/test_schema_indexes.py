@@ -47,7 +47,7 @@ QUERIES = {
         f"SELECT status, count(id) FROM controlplane_job WHERE parent_id = '{P}' GROUP BY status",
         [{"job_parent_idx"}],
     ),
-    # dashboard/selectors.py worker_rows and jobs/remote/workers.py held_jobs.
+    # dashboard/selectors.py worker_rows and django_controlplane/remote/workers.py held_jobs.
     "current jobs": (
         f"SELECT id FROM controlplane_job WHERE status = 'running' AND worker_id IN ('{W}') "
         "ORDER BY started_at",

@@ -331,7 +331,7 @@ def apply_readme(project: HostProject) -> None:
     settings_block = readme_block("configure(globals())")
     settings = project.root / "mysite" / "settings.py"
     settings.write_text(f"{settings.read_text()}\n{settings_block}")
-    project.write("mysite/urls.py", readme_block('include("jobs.urls")'))
+    project.write("mysite/urls.py", readme_block('include("django_controlplane.urls")'))
     asgi = readme_block("django_controlplane.asgi")
     assert 'setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")' in asgi, asgi
     project.write("mysite/asgi.py", asgi)

@@ -242,7 +242,9 @@ def test_host_project_problems_are_named_with_their_fix(host_project: HostProjec
     assert "controlplane.E001" in message and "configure(globals())" in message, message
     assert "controlplane.E004" in message, message  # no static-files middleware
     assert "controlplane.E005" in message and "STATIC_ROOT" in message, message
-    assert "controlplane.E006" in message and 'include("jobs.urls")' in message, message
+    assert "controlplane.E006" in message and 'include("django_controlplane.urls")' in message, (
+        message
+    )
 
 
 def wait_until_ended(url: str, token: str, job_ids: list[str], timeout: float = 60) -> None:

@@ -7,7 +7,7 @@ import threading
 import pytest
 from django.db import connection
 
-from jobs.remote.listener import Listener
+from django_controlplane.web.listener import Listener
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

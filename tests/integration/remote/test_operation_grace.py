@@ -21,7 +21,7 @@ from jobs.enqueue import enqueue
 from jobs.exceptions import EnqueueError
 from jobs.models import Job, RemoteOperation, Worker
 from jobs.operations import registry
-from jobs.remote.declared import soft_delete_orphan_operations
+from jobs.remote_operations import soft_delete_orphan_operations
 
 from .helpers import ECHO, register
 

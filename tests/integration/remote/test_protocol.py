@@ -321,7 +321,7 @@ def test_registration_refuses_unknown_or_invalid_operations(api, server):
 
 
 def test_orphan_operation_is_hidden_then_back_when_declared_again(api, server, settings):
-    from jobs.remote.declared import soft_delete_orphan_operations
+    from jobs.remote_operations import soft_delete_orphan_operations
 
     # No grace after the last worker left (test_operation_grace.py covers the grace).
     settings.CONTROLPLANE = {**settings.CONTROLPLANE, "REMOTE_OPERATION_GRACE_SECONDS": 0}
@@ -351,7 +351,7 @@ def test_only_live_workers_keep_an_operation_visible(api, server, settings):
     from django.utils import timezone
 
     from jobs.conf import knob
-    from jobs.remote.declared import soft_delete_orphan_operations
+    from jobs.remote_operations import soft_delete_orphan_operations
 
     settings.CONTROLPLANE = {**settings.CONTROLPLANE, "REMOTE_OPERATION_GRACE_SECONDS": 0}
     worker = register(api)

@@ -83,7 +83,7 @@ def test_socket_refuses_strangers(api, server, make_token):
 
 
 def _stack():
-    from jobs.routing import controlplane_websockets
+    from django_controlplane.routing import controlplane_websockets
 
     return controlplane_websockets()
 

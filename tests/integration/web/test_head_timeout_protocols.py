@@ -1,4 +1,5 @@
-"""``jobs.web.head_timeout`` on both of uvicorn's HTTP/1.1 parsers (``manage.py serve``
+"""``django_controlplane.web.head_timeout`` on both of uvicorn's HTTP/1.1 parsers
+(``manage.py serve``
 uses httptools when installed, as uvicorn's "auto" does; h11 otherwise): a real uvicorn
 server on a loopback socket, in a thread, with a one-line ASGI app."""
 
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from jobs.web.head_timeout import head_timeout_protocol
+from django_controlplane.web.head_timeout import head_timeout_protocol
 
 from .test_serve_client_limits import closed_by_server, read_response
 

@@ -1,0 +1,66 @@
+"""REST routes (docs/rest-api.md). Every route answers with and without a trailing slash.
+
+Order matters: the remote workers' own routes (``/jobs/<id>/complete`` …)
+come first, and ``/jobs/cancel`` and ``/jobs/retry`` (bulk) come before
+``/jobs/<id>``, which only ever matches one path segment.
+"""
+
+from django.urls import include, path
+
+from django_controlplane.api import (
+    operation_views,
+    queue_views,
+    schedule_views,
+    schema,
+    views,
+    worker_views,
+)
+from django_controlplane.api.metrics_view import MetricsView
+
+
+def both(route: str, view, name: str) -> list:
+    """The route with and without its trailing slash (no redirect between them)."""
+    return [path(route, view, name=name), path(f"{route}/", view)]
+
+
+app_name = "controlplane_api"  # names that cannot clash with a host project's own
+
+urlpatterns = [
+    path("", include("django_controlplane.remote.urls")),
+    *both("jobs", views.JobListView.as_view(), "job-list"),
+    *both("jobs/cancel", views.BulkCancelView.as_view(), "job-bulk-cancel"),
+    *both("jobs/retry", views.BulkRetryView.as_view(), "job-bulk-retry"),
+    *both("jobs/<str:job_id>", views.JobDetailView.as_view(), "job-detail"),
+    *both("jobs/<str:job_id>/events", views.JobEventsView.as_view(), "job-events"),
+    *both("jobs/<str:job_id>/cancel", views.JobCancelView.as_view(), "job-cancel"),
+    *both("jobs/<str:job_id>/retry", views.JobRetryView.as_view(), "job-retry"),
+    *both("queues", queue_views.QueueListView.as_view(), "queue-list"),
+    *both("queues/<str:name>", queue_views.QueueDetailView.as_view(), "queue-detail"),
+    *both("queues/<str:name>/pause", queue_views.QueuePauseView.as_view(), "queue-pause"),
+    *both("queues/<str:name>/resume", queue_views.QueueResumeView.as_view(), "queue-resume"),
+    *both("operations", operation_views.OperationListView.as_view(), "operation-list"),
+    *both("schedules", schedule_views.ScheduleListView.as_view(), "schedule-list"),
+    *both(
+        "schedules/<str:schedule_id>",
+        schedule_views.ScheduleDetailView.as_view(),
+        "schedule-detail",
+    ),
+    *both(
+        "schedules/<str:schedule_id>/pause",
+        schedule_views.SchedulePauseView.as_view(),
+        "schedule-pause",
+    ),
+    *both(
+        "schedules/<str:schedule_id>/resume",
+        schedule_views.ScheduleResumeView.as_view(),
+        "schedule-resume",
+    ),
+    *both(
+        "schedules/<str:schedule_id>/run", schedule_views.ScheduleRunView.as_view(), "schedule-run"
+    ),
+    *both("workers", worker_views.WorkerListView.as_view(), "worker-list"),
+    *both("workers/<str:worker_id>", worker_views.WorkerDetailView.as_view(), "worker-detail"),
+    *both("metrics", MetricsView.as_view(), "metrics"),
+    *both("schema", schema.SchemaView.as_view(), "schema"),
+    *both("schema/docs", schema.SchemaDocsView.as_view(), "schema-docs"),
+]
