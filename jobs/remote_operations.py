@@ -30,8 +30,6 @@ from jobs.states import ACTIVE
 
 __all__ = [
     "DeclarationExpired",
-    "may_serve_local",
-    "remotely_servable",
     "UndeclaredOperation",
     "alive_since",
     "enqueueable",
@@ -44,21 +42,6 @@ __all__ = [
     "served_operations",
     "soft_delete_orphan_operations",
 ]
-
-
-def may_serve_local() -> bool:
-    """``REMOTE_MAY_SERVE_LOCAL``: whether remote workers may serve local and built-in
-    operations (``ping``, the host's ``@operation`` functions)."""
-    return bool(knob("REMOTE_MAY_SERVE_LOCAL"))
-
-
-def remotely_servable(names: Iterable[str]) -> list[str]:
-    """``names`` less the local operations, unless remote workers may serve those."""
-    if may_serve_local():
-        return list(names)
-    from jobs.operations import registry
-
-    return [name for name in names if name not in registry]
 
 
 def grace_seconds() -> float:

@@ -46,6 +46,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from jobs.conf import knob
+from jobs.operations import registry
 
 KNOB = "REMOTE_WORKER_GRANTS"
 SECTIONS = ("users", "groups")
@@ -207,3 +208,16 @@ def check_grants(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             )
         ]
     return []
+
+
+def may_serve_local() -> bool:
+    """``REMOTE_MAY_SERVE_LOCAL``: whether remote workers may serve local and built-in
+    operations (``ping``, the host's ``@operation`` functions)."""
+    return bool(knob("REMOTE_MAY_SERVE_LOCAL"))
+
+
+def remotely_servable(names: Iterable[str]) -> list[str]:
+    """``names`` less the local operations, unless remote workers may serve those."""
+    if may_serve_local():
+        return list(names)
+    return [name for name in names if name not in registry]

@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from django_controlplane.remote.errors import LeaseNotYours, RemoteRequestError
-from django_controlplane.remote.grants import grant_for
+from django_controlplane.remote.grants import grant_for, remotely_servable
 from django_controlplane.remote.workers import get_remote_worker, held_by_other_accounts
 from jobs.claims import ClaimedJob, Runner, claim_jobs
 from jobs.clock import db_now
@@ -33,7 +33,6 @@ from jobs.conf import knob
 from jobs.exceptions import UnstorableValue
 from jobs.models import Job, Queue, QueueKind, Worker
 from jobs.rate_limits import TokenWaits, claim_rate_limited
-from jobs.remote_operations import remotely_servable
 from jobs.states import CANCELLED, RUNNING, Status
 from jobs.storable import check_event_message, storable_json, text_problem, unstorable_fields
 from jobs.transitions import cancel_jobs, complete_job, emit_event, fail_job

@@ -28,13 +28,13 @@ from django_controlplane.remote.errors import (
     RemoteRequestError,
     WorkerNotFound,
 )
-from django_controlplane.remote.grants import grant_for
+from django_controlplane.remote.grants import grant_for, may_serve_local
 from jobs import audit
 from jobs.conf import knob
 from jobs.exceptions import IllegalTransition, LeaseLost
 from jobs.models import Job, RemoteOperation, Worker, WorkerKind
 from jobs.operations import registry, schema_problem
-from jobs.remote_operations import mark_seen, may_serve_local, soft_delete_orphan_operations
+from jobs.remote_operations import mark_seen, soft_delete_orphan_operations
 from jobs.states import CANCELLED, RUNNING
 from jobs.storable import text_problem
 from jobs.transitions import requeue_job
