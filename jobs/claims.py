@@ -1,7 +1,15 @@
 """The hot path: claiming jobs, extending leases, finishing many jobs at once.
 
 Each is one or two statements for any number of jobs; on PostgreSQL the
-claim writes its ``job.started`` events in the same statement. Every time
+claim writes its ``job.started`` events in the same statement.
+
+Two status transitions live here rather than in ``jobs.transitions``, whose
+``move`` would cost a statement per outcome: ``queued -> running`` (the
+claim, ``_claim_update``) and ``running -> succeeded`` (the batched
+completion, ``_completion_update``). Each is checked against the
+allowed-transition table (``jobs.states.check_transition``) where its SQL
+is built, and writes its event with the job's next ``seq`` like every other
+transition. Every time
 they write or compare (leases, ``run_after``, ``started_at``, event ``ts``)
 is the database's ``statement_timestamp()`` (``Dialect.now``), never the
 worker's clock: workers on machines whose clocks differ agree on leases.
@@ -22,7 +30,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from jobs.dialect import dialect
-from jobs.states import RUNNING, SUCCEEDED, check_transition
+from jobs.states import QUEUED, RUNNING, SUCCEEDED, check_transition
 from jobs.tables import EVENT_TABLE, JOB_TABLE
 
 
@@ -158,7 +166,11 @@ def _claim_update(
     now: datetime | None,
     lease_seconds: float,
 ) -> tuple[str, list[Any]]:
-    """UPDATE … RETURNING that starts the picked jobs (PostgreSQL probes them by primary key)."""
+    """The transition queued -> running of the picked jobs: UPDATE … RETURNING.
+
+    PostgreSQL probes them by primary key. The pick reads queued jobs only.
+    """
+    check_transition(QUEUED, RUNNING)
     now_sql, now_params = d.now(at=now)
     lease_sql, lease_params = d.now(lease_seconds, at=now)
     # ``id = ANY(ARRAY(…))`` evaluates the pick once (an InitPlan) and then probes
@@ -386,7 +398,9 @@ def _int(value: int | None) -> str:
 def _completion_update(
     d: Any, completions: Sequence[Completion], now: datetime | None
 ) -> tuple[str, list[Any]]:
-    """UPDATE … FROM (VALUES …) for many running -> succeeded moves, each fenced by its token.
+    """The transition running -> succeeded of many jobs, each fenced by its token.
+
+    One UPDATE … FROM (VALUES …), or from arrays on PostgreSQL.
 
     The guard is written ``(status = 'running') IS TRUE``: the same meaning,
     but the planner cannot answer it from a partial index on ``status``

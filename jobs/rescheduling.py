@@ -2,10 +2,10 @@
 
 ``run_job_now`` moves a waiting job's ``run_after`` to now. The job stays
 ``queued`` (the state table in ``jobs.states`` is not involved), yet the
-write follows the rules of ``jobs.transitions``: one guarded UPDATE that
-takes the next event ``seq`` from the job row, its ``JobEvent`` in the same
-transaction, a clear exception when the guard matches nothing, and the
-queue's workers woken as an enqueue wakes them.
+write is ``jobs.transitions.rewrite``, the status writes' own guarded UPDATE:
+it takes the next event ``seq`` from the job row and writes its ``JobEvent``
+in the same transaction; a clear exception follows when the guard matches
+nothing, and the queue's workers are woken as an enqueue wakes them.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from jobs.clock import db_now
 from jobs.dialect import dialect
 from jobs.exceptions import ControlPlaneError, JobNotFound
 from jobs.models import Job
 from jobs.states import QUEUED
-from jobs.transitions import Event, Moved, notify_job_queues, write_events
+from jobs.transitions import Event, Moved, notify_job_queues, rewrite
 
 RUN_NOW_EVENT = "job.run_now"
 
@@ -53,8 +53,6 @@ def run_job_now(
     ``NotWaiting`` (nothing written) when the guard does not match: the job
     was claimed, cancelled or brought forward by someone else meanwhile.
     """
-    d = dialect(using)
-    table = Job._meta.db_table
     now = db_now(using)
     with transaction.atomic(using=using):
         # Locked first (PostgreSQL) so the time it was due, read here, is the
@@ -69,19 +67,19 @@ def run_job_now(
         if before is None:
             raise JobNotFound(job_id)
         status, due = before
-        with connections[using].cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} SET run_after = %s, last_event_seq = last_event_seq + 1, "
-                "last_event_at = %s WHERE id = %s AND status = %s AND run_after > %s "
-                "RETURNING id, last_event_seq",
-                [d.ts(now), d.ts(now), d.uuid(job_id), QUEUED.value, d.ts(now)],
-            )
-            rows = cursor.fetchall()
-            if not rows:
-                raise NotWaiting(job_id, status, due)
-            fields: dict[str, Any] = {"was_due": due.isoformat()}
-            fields.update({k: v for k, v in {"by": by, "reason": reason}.items() if v})
-            event = Event(RUN_NOW_EVENT, message=reason or "", fields=fields)
-            write_events(cursor, d, rows, event, now)
+        fields: dict[str, Any] = {"was_due": due.isoformat()}
+        fields.update({k: v for k, v in {"by": by, "reason": reason}.items() if v})
+        moved = rewrite(
+            status_in=(QUEUED,),
+            job_ids=[job_id],
+            where="run_after > %s",
+            where_params=[dialect(using).ts(now)],
+            assign={"run_after": now},
+            event=Event(RUN_NOW_EVENT, message=reason or "", fields=fields),
+            at=now,
+            using=using,
+        )
+        if not moved:
+            raise NotWaiting(job_id, status, due)
         notify_job_queues([job_id], using=using)  # delivered at commit
-    return Moved(d.read_id(rows[0][0]), rows[0][1])
+    return moved[0]

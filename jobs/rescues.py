@@ -12,14 +12,14 @@ from typing import Any
 
 from jobs.dialect import Now, dialect
 from jobs.states import FAILED, QUEUED, RUNNING
+from jobs.tables import JOB_TABLE
 from jobs.transitions import (
     CLEAR_LEASE,
     DECREMENT_ATTEMPTS,
-    JOB_TABLE,
     RESET_STARTED_AT,
     Event,
     Sql,
-    _move,
+    move,
     notify_job_queues,
 )
 
@@ -60,7 +60,7 @@ def requeue_expired_leases(
         f"{expiry} AND lease_requeues {{op}} %s AND id IN (SELECT id FROM {JOB_TABLE} "
         f"WHERE status = 'running' AND {expiry} AND lease_requeues {{op}} %s LIMIT {int(limit)})"
     )
-    requeued = _move(
+    requeued = move(
         target=QUEUED,
         sources=(RUNNING,),  # never resurrect a cancelled or failed job
         where=pick.format(op="<"),
@@ -80,7 +80,7 @@ def requeue_expired_leases(
         },
     )
     notify_job_queues([m.id for m in requeued])
-    failed = _move(
+    failed = move(
         target=FAILED,
         where=pick.format(op=">="),
         where_params=[*expiry_params, max_requeues, *expiry_params, max_requeues],
@@ -112,7 +112,7 @@ def fail_timed_out(
     )
     stale_params = [*started_params, *stalled_params]
     message = f"Ran longer than {timeout_seconds:g} s with no event for {stall_seconds:g} s."
-    moved = _move(
+    moved = move(
         target=FAILED,
         where=(
             f"{stale} AND id IN (SELECT id FROM {JOB_TABLE} WHERE status = 'running' AND {stale} "

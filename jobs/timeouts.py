@@ -32,7 +32,7 @@ from jobs.dialect import Dialect, Now, dialect
 from jobs.failures import failure_fields
 from jobs.states import FAILED, RUNNING
 from jobs.tables import JOB_TABLE
-from jobs.transitions import CLEAR_LEASE, Event, Moved, _move, _move_one
+from jobs.transitions import CLEAR_LEASE, Event, Moved, move, move_one
 
 TIMEOUT_ERROR_CODE = "JobTimeout"
 TIMEOUT_EVENT = "job.timeout"
@@ -77,7 +77,7 @@ def time_out_job(
     held under ``lease_token`` (finished, cancelled or reaped meanwhile).
     """
     event, assign = _changes(timeout_seconds, by="worker", traceback=traceback)
-    return _move_one(
+    return move_one(
         job_id,
         target=FAILED,
         sources=(RUNNING,),
@@ -143,7 +143,7 @@ def fail_overdue_jobs(
     failed: list[uuid.UUID] = []
     for job_id, timeout in rows:
         event, assign = _changes(timeout, by=by)
-        moved = _move(
+        moved = move(
             target=FAILED,
             sources=(RUNNING,),
             job_ids=[job_id],

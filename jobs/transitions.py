@@ -7,6 +7,16 @@ job row by the same UPDATE, so the row lock orders the commits and the
 timeline has no gaps. When the guard matches nothing, the caller gets a
 clear exception (``LeaseLost``, ``IllegalTransition``, ``JobNotFound``).
 
+``move`` (``move_one`` for one job) is that guarded UPDATE and its event,
+checked against the allowed-transition table (``jobs.states.ALLOWED``): the
+functions below and the reaper's rescues (``jobs.rescues``, ``jobs.timeouts``)
+are calls of it, and ``rewrite`` is the same write for a change that keeps
+the status (``jobs.rescheduling``). Two transitions live on the hot path
+instead, in ``jobs.claims``, each one SQL statement for a whole batch:
+``queued -> running`` (``claim_jobs``, ``complete_and_claim``) and
+``running -> succeeded`` (``complete_jobs``, ``complete_and_claim``); they
+are checked against the same table when their SQL is built.
+
 Times written or compared here (``run_after``, ``finished_at``, event
 ``ts``) are the database's (``Now``, ``Dialect.now``), never the caller's
 clock, so processes on machines whose clocks differ agree (``jobs.clock``).
@@ -125,7 +135,7 @@ def write_events(
     )
 
 
-def _move(
+def move(
     *,
     target: Status,
     event: Event,
@@ -137,21 +147,113 @@ def _move(
     sources: Sequence[Status] | None = None,
     using: str = "default",
 ) -> list[Moved]:
-    """The one guarded UPDATE behind every status change, with its events."""
-    d = dialect(using)
+    """Move the matching jobs to ``target`` and write ``event`` for each: the one status write.
+
+    Every status change outside the hot path (``jobs.claims``) is this call:
+    each ``source -> target`` in ``sources`` (default: every state the table
+    allows into ``target``) is checked against ``jobs.states.ALLOWED`` first,
+    then one guarded UPDATE (``status IN sources``, plus ``job_ids``, the
+    ``lease_token`` fence and the extra ``where`` SQL) sets the status and
+    ``assign`` (values, ``Now``, ``Sql`` or ``Json``), takes each job's next
+    event ``seq`` and inserts its event in the same transaction. Returns the
+    jobs that moved; none when the guard matched nothing (``move_one`` says why).
+    """
     sources = tuple(sources or sources_for(target))
     for source in sources:
         check_transition(source, target)
-    now = None if d.postgres else timezone.now()  # PostgreSQL: its own clock, in the statement
-    now_sql, now_params = d.now(at=now)
-    sets = ["status = %s", "last_event_seq = last_event_seq + 1", f"last_event_at = {now_sql}"]
-    params: list[Any] = [target.value, *now_params]
+    return _write(
+        status=target,
+        status_in=sources,
+        event=event,
+        job_ids=job_ids,
+        where=where,
+        where_params=where_params,
+        lease_token=lease_token,
+        assign=assign,
+        using=using,
+    )
+
+
+def move_one(
+    job_id: uuid.UUID,
+    *,
+    target: Status,
+    event: Event,
+    lease_token: uuid.UUID | None = None,
+    **kwargs: Any,
+) -> Moved:
+    """``move`` for one job; raises ``JobNotFound``, ``LeaseLost`` or ``IllegalTransition``
+    when its guard matches nothing."""
+    moved = move(target=target, event=event, job_ids=[job_id], lease_token=lease_token, **kwargs)
+    if not moved:
+        raise _explain_miss(job_id, target, lease_token)
+    return moved[0]
+
+
+def rewrite(
+    *,
+    status_in: Sequence[Status],
+    event: Event,
+    job_ids: Sequence[uuid.UUID],
+    where: str = "",
+    where_params: Sequence[Any] = (),
+    assign: dict[str, Any] | None = None,
+    at: datetime | None = None,
+    using: str = "default",
+) -> list[Moved]:
+    """A guarded write that leaves the status as it is, with its event, written like ``move``.
+
+    For changes that are not transitions (``jobs.rescheduling`` brings a
+    queued job's ``run_after`` forward): the same guarded UPDATE, next
+    ``seq`` and event in the same transaction. ``at`` is the instant the job
+    row records as its ``last_event_at`` (default: the database's clock).
+    """
+    return _write(
+        status=None,
+        status_in=tuple(status_in),
+        event=event,
+        job_ids=job_ids,
+        where=where,
+        where_params=where_params,
+        assign=assign,
+        at=at,
+        using=using,
+    )
+
+
+# The name the engine tests knew the primitive by.
+_move = move
+
+
+def _write(
+    *,
+    status: Status | None,
+    status_in: tuple[Status, ...],
+    event: Event,
+    job_ids: Sequence[uuid.UUID] | None = None,
+    where: str = "",
+    where_params: Sequence[Any] = (),
+    lease_token: uuid.UUID | None = None,
+    assign: dict[str, Any] | None = None,
+    at: datetime | None = None,
+    using: str = "default",
+) -> list[Moved]:
+    """The guarded UPDATE behind ``move`` and ``rewrite``, with its events."""
+    d = dialect(using)
+    # PostgreSQL: its own clock, in the statement; SQLite: one instant of this process.
+    now = at if at is not None else (None if d.postgres else timezone.now())
+    now_sql, now_params = ("%s", [d.ts(at)]) if at is not None else d.now(at=now)
+    sets = ["last_event_seq = last_event_seq + 1", f"last_event_at = {now_sql}"]
+    params: list[Any] = [*now_params]
+    if status is not None:
+        sets.insert(0, "status = %s")
+        params.insert(0, status.value)
     for column, value in (assign or {}).items():
         sql, values = _adapt(d, value, at=now)
         sets.append(f"{column} = {sql}")
         params.extend(values)
-    conditions = [f"status IN {d.in_list(len(sources))}"]
-    params.extend(s.value for s in sources)
+    conditions = [f"status IN {d.in_list(len(status_in))}"]
+    params.extend(s.value for s in status_in)
     if job_ids is not None:
         if not job_ids:
             return []
@@ -206,13 +308,6 @@ def _explain_miss(job_id: uuid.UUID, target: Status, lease_token: uuid.UUID | No
     return IllegalTransition(source=status, target=target.value, job_id=job_id)
 
 
-def _move_one(job_id: uuid.UUID, *, target: Status, lease_token=None, **kwargs) -> Moved:
-    moved = _move(target=target, job_ids=[job_id], lease_token=lease_token, **kwargs)
-    if not moved:
-        raise _explain_miss(job_id, target, lease_token)
-    return moved[0]
-
-
 # --- outcomes of a run ----------------------------------------------------
 
 
@@ -238,7 +333,7 @@ def complete_job(
     using: str = "default",
 ) -> Moved:
     """running -> succeeded. ``lease_token=None`` is for closing a deferred parent."""
-    return _move_one(
+    return move_one(
         job_id,
         target=SUCCEEDED,
         lease_token=lease_token,
@@ -368,7 +463,7 @@ def fail_job(
     details = failure_fields(error_code, error_message, traceback=traceback, frame=frame)
     with transaction.atomic(using=using):
         if retryable and backoff_seconds is not None:
-            moved = _move(
+            moved = move(
                 target=QUEUED,
                 sources=(RUNNING,),  # never resurrect a cancelled or failed job
                 job_ids=[job_id],
@@ -390,7 +485,7 @@ def fail_job(
             )
             if moved:
                 return QUEUED
-        _move_one(
+        move_one(
             job_id,
             target=FAILED,
             lease_token=lease_token,
@@ -410,7 +505,7 @@ def retry_job_later(
     using: str = "default",
 ) -> Moved:
     """running -> queued after ``delay_seconds``; the attempt is not counted."""
-    return _move_one(
+    return move_one(
         job_id,
         target=QUEUED,
         sources=(RUNNING,),  # never resurrect a cancelled or failed job
@@ -495,7 +590,7 @@ def requeue_after_outage(
             return FAILED
         number = spent + 1
         delay = round(max(float(backoff(number)), 0.0), 3)
-        _move_one(
+        move_one(
             job_id,
             target=QUEUED,
             sources=(RUNNING,),  # never resurrect a cancelled or failed job
@@ -537,7 +632,7 @@ def requeue_job(
 ) -> Moved:
     """running -> queued now (graceful shutdown, remote disconnect, an operator's requeue of
     an orphan); the attempt is not counted. ``by`` names the operator in the event."""
-    return _move_one(
+    return move_one(
         job_id,
         target=QUEUED,
         sources=(RUNNING,),  # never resurrect a cancelled or failed job
@@ -591,7 +686,7 @@ def cancel_jobs(
     d = dialect(using)
     fields = _operator_fields(by, reason)
     with transaction.atomic(using=using):
-        moved = _move(
+        moved = move(
             target=CANCELLED,
             job_ids=list(job_ids),
             event=Event("job.cancelled", level="warning", message=reason or "", fields=fields),
@@ -603,7 +698,7 @@ def cancel_jobs(
             cursor.execute(DESCENDANTS_SQL.format(roots=d.in_list(len(roots))), roots)
             descendants = [d.read_id(r[0]) for r in cursor.fetchall()]
         moved += (
-            _move(
+            move(
                 target=CANCELLED,
                 job_ids=descendants,
                 event=Event(
@@ -676,7 +771,7 @@ def retry_job(
     """
     try:
         with transaction.atomic(using=using):
-            moved = _move_one(
+            moved = move_one(
                 job_id,
                 target=QUEUED,
                 sources=(FAILED, CANCELLED),
@@ -707,7 +802,7 @@ def retry_jobs(
     """
     try:
         with transaction.atomic():
-            moved = _move(
+            moved = move(
                 target=QUEUED,
                 sources=(FAILED, CANCELLED),
                 job_ids=list(job_ids),
