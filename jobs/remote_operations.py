@@ -21,8 +21,8 @@ from collections.abc import Collection, Iterable
 from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
-from django.utils import timezone
 
+from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.exceptions import UnknownOperation
 from jobs.models import Job, RemoteOperation, Worker, WorkerKind
@@ -82,7 +82,7 @@ def newest_heartbeats() -> dict[str, datetime]:
 
 def served_operations(now: datetime | None = None) -> set[str]:
     """The operations some live remote worker declares (heartbeat within the worker timeout)."""
-    since = alive_since(now or timezone.now())
+    since = alive_since(now or db_now())
     return {name for name, beat in newest_heartbeats().items() if beat >= since}
 
 
@@ -153,7 +153,7 @@ def declared_operation(name: str) -> RemoteOperation:
     grace = grace_seconds()
     if row is None:
         raise UndeclaredOperation(name, grace=grace)
-    now = timezone.now()
+    now = db_now()
     if row.deleted or not (in_grace(seen_at(row), now) or name in served_operations(now)):
         raise DeclarationExpired(name, last_seen_at=seen_at(row), grace=grace)
     return row
@@ -184,7 +184,7 @@ def soft_delete_orphan_operations() -> int:
         rows = list(RemoteOperation.objects.select_for_update().filter(deleted=False))
         if not rows:
             return 0
-        now = timezone.now()
+        now = db_now()
         newest = newest_heartbeats()
         seen = []
         for row in rows:
@@ -209,5 +209,5 @@ def soft_delete_orphan_operations() -> int:
         if not orphans:
             return 0
         return RemoteOperation.objects.filter(name__in=orphans, deleted=False).update(
-            deleted=True, updated_at=timezone.now()
+            deleted=True, updated_at=now
         )

@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from django_controlplane.remote.errors import (
     LeaseNotYours,
@@ -30,6 +29,7 @@ from django_controlplane.remote.errors import (
 )
 from django_controlplane.remote.grants import grant_for, may_serve_local
 from jobs import audit
+from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.exceptions import IllegalTransition, LeaseLost
 from jobs.models import Job, RemoteOperation, Worker, WorkerKind
@@ -363,7 +363,7 @@ def register_worker(
         errors["pid"] = ["pid must be a whole number from 0 to 2147483647."]
     if errors:
         raise RemoteRequestError(NOT_REGISTERED, errors)
-    now = timezone.now()
+    now = db_now()  # the database's clock, as every heartbeat and sweep reads it
     with transaction.atomic():
         names = [d.name for d in declarations]
         rows = {
@@ -442,7 +442,7 @@ def heartbeat(
         else set()
     )
     kept = [job_id for job_id, _ in pairs if job_id not in lost]
-    worker.last_heartbeat = timezone.now()  # what extend_leases just wrote, to the millisecond
+    worker.last_heartbeat = db_now()  # about what extend_leases just wrote (the database's clock)
     return HeartbeatResult(
         held=kept,
         lost=sorted(lost, key=str),
@@ -505,7 +505,7 @@ def disconnect_worker(*, worker_id: uuid.UUID | str, user: Any) -> list[uuid.UUI
     if requeued:
         queues = set(Job.objects.filter(pk__in=requeued).values_list("queue", flat=True))
     # Its operations' grace (REMOTE_OPERATION_GRACE_SECONDS) counts from this goodbye.
-    mark_seen(worker.operations or [], timezone.now())
+    mark_seen(worker.operations or [], db_now())
     Worker.objects.filter(pk=worker.pk).delete()
     soft_delete_orphan_operations()
     notify_queues(sorted(queues))
