@@ -22,13 +22,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from jobs.conf import knob
-from jobs.models import OperatorAction, Queue
+from jobs.models import OperatorAction, Queue, QueueKind
 
 log = logging.getLogger("jobs")
 
@@ -41,6 +42,32 @@ RATE_RULE = (
     f"The rate limit must be a number of jobs per second above 0 and at most {MAX_RATE:,.0f}, "
     "or null for none."
 )
+
+
+class QueueSettings(NamedTuple):
+    """What a worker's claim reads of a queue: paused, its limits and its kind."""
+
+    paused: bool
+    cap: int | None  # most jobs running at once across all workers; None: no cap
+    kind: str  # QueueKind: jobs, or batch messages
+    rate: float | None  # most jobs started per second across all workers; None: no limit
+
+    @property
+    def unlimited_jobs(self) -> bool:
+        """A job queue with neither a cap nor a rate limit: claimed with the others at once."""
+        return self.kind == QueueKind.JOB and self.cap is None and self.rate is None
+
+
+def queue_settings(names: Sequence[str]) -> dict[str, QueueSettings]:
+    """The settings of each queue in ``names``; a queue without a row has the defaults."""
+    rows = {
+        q.name: QueueSettings(q.paused, q.concurrency_cap, q.kind, q.rate_limit_per_second)
+        for q in Queue.objects.filter(name__in=names)
+    }
+    return {
+        name: rows.get(name) or QueueSettings(False, None, Queue.default_kind(name), None)
+        for name in names
+    }
 
 
 class LimitError(ValueError):

@@ -60,10 +60,15 @@ from jobs.clock import check_skew, db_now
 from jobs.exceptions import LeaseLost
 from jobs.independent import independent_connection
 from jobs.logging_json import state_line_level
-from jobs.models import Queue, QueueKind, Worker, WorkerKind
+from jobs.models import QueueKind, Worker, WorkerKind
 from jobs.operations import OperationRegistry
 from jobs.operations import registry as default_registry
-from jobs.queue_limits import apply_configured_queues, configured_queues
+from jobs.queue_limits import (
+    QueueSettings,
+    apply_configured_queues,
+    configured_queues,
+    queue_settings,
+)
 from jobs.rate_limits import TokenWaits, claim_rate_limited
 from workers.batch_runner import MessageFlight, extend_visibility, release_messages, run_message
 from workers.config import WorkerConfig
@@ -186,8 +191,8 @@ class JobWorker:
             pre_handle=self.pre_handle,
             post_handle=self.post_handle,
         )
-        # (paused, cap, kind, rate limit) per served queue; see ``_settings``.
-        self._queue_settings: dict[str, tuple[bool, int | None, str, float | None]] = {}
+        # Per served queue; see ``_settings``.
+        self._queue_settings: dict[str, QueueSettings] = {}
         self._token_waits = TokenWaits()
         self._queue_settings_read = 0.0
         self._fused = connection.vendor == "postgresql"
@@ -431,18 +436,11 @@ class JobWorker:
         with self._lock:
             return not self._flights and not self._completions
 
-    def _settings(self) -> dict[str, tuple[bool, int | None, str, float | None]]:
-        """(paused, cap, kind, rate limit) per served queue, re-read at most once a second."""
+    def _settings(self) -> dict[str, QueueSettings]:
+        """The settings of each served queue, re-read at most once a ``queue_settings_ttl``."""
         now = time.monotonic()
         if now - self._queue_settings_read > self.config.queue_settings_ttl:
-            rows = {
-                q.name: (q.paused, q.concurrency_cap, q.kind, q.rate_limit_per_second)
-                for q in Queue.objects.filter(name__in=self.config.queues)
-            }
-            self._queue_settings = {
-                name: rows.get(name, (False, None, Queue.default_kind(name), None))
-                for name in self.config.queues
-            }
+            self._queue_settings = queue_settings(self.config.queues)
             self._queue_settings_read = now
         return self._queue_settings
 
@@ -471,13 +469,8 @@ class JobWorker:
         """Write the gathered completions and claim; one statement when the queues allow it."""
         if self._fused:
             settings = self._settings()
-            open_queues = [q for q in self.config.queues if not settings[q][0]]
-            if open_queues and all(
-                settings[q][2] == QueueKind.JOB
-                and settings[q][1] is None
-                and settings[q][3] is None
-                for q in open_queues
-            ):
+            open_queues = [q for q in self.config.queues if not settings[q].paused]
+            if open_queues and all(settings[q].unlimited_jobs for q in open_queues):
                 return self._complete_and_claim(open_queues)
         self._flush_completions()
         return self._claim_pass()
@@ -518,20 +511,20 @@ class JobWorker:
         if free <= 0 or not self._may_claim():
             return 0
         settings = self._settings()
-        open_queues = [q for q in self.config.queues if not settings[q][0]]
-        job_queues = [q for q in open_queues if settings[q][2] == QueueKind.JOB]
-        uncapped = [q for q in job_queues if settings[q][1] is None and settings[q][3] is None]
+        open_queues = [q for q in self.config.queues if not settings[q].paused]
+        job_queues = [q for q in open_queues if settings[q].kind == QueueKind.JOB]
+        uncapped = [q for q in job_queues if settings[q].unlimited_jobs]
         claimed = 0
         if uncapped:
             claimed += self._start_jobs(uncapped, free, None)
         for queue in job_queues:
-            cap, rate = settings[queue][1], settings[queue][3]
+            cap, rate = settings[queue].cap, settings[queue].rate
             if rate is not None and free - claimed > 0:
                 claimed += self._start_rate_limited(queue, free - claimed, cap, rate)
             elif cap is not None and free - claimed > 0:
                 claimed += self._start_jobs([queue], free - claimed, cap)
         for queue in open_queues:
-            if settings[queue][2] == QueueKind.BATCH and free - claimed > 0:
+            if settings[queue].kind == QueueKind.BATCH and free - claimed > 0:
                 messages = claim_messages(
                     queue=queue,
                     limit=free - claimed,
