@@ -48,7 +48,7 @@ PAST = {"cancel": "cancelled", "retry": "retried"}
 
 class Command(BaseCommand):
     help = (
-        "Inspect and act on jobs: list, show, cancel, retry, purge. "
+        "Inspect and act on jobs: list, show, cancel, retry, purge; pause and resume queues. "
         "Filters are those of GET /jobs; see 'manage.py jobs SUBCOMMAND --help'."
     )
 
@@ -86,6 +86,14 @@ class Command(BaseCommand):
             act.add_argument("--reason", default="", help="Written into each job's timeline.")
             cli.add_actor(act)
 
+        for name, what in (
+            ("pause", "Stop workers claiming from these queues (running jobs go on)."),
+            ("resume", "Let workers claim from these queues again."),
+        ):
+            toggle = sub.add_parser(name, help=what, description=what)
+            toggle.add_argument("queues", nargs="+", metavar="QUEUE")
+            cli.add_actor(toggle)
+
         purge = sub.add_parser(
             "purge", help="Delete finished jobs (succeeded, failed, cancelled) and their events."
         )
@@ -121,6 +129,8 @@ class Command(BaseCommand):
             "cancel": self.act,
             "retry": self.act,
             "purge": self.purge,
+            "pause": self.pause_or_resume,
+            "resume": self.pause_or_resume,
         }[options["subcommand"]]
         handler(options)
 
@@ -238,6 +248,20 @@ class Command(BaseCommand):
             raise CommandError("Nothing was changed.", returncode=1)
 
     # --- purge -------------------------------------------------------------------
+
+    # --- queues -----------------------------------------------------------------
+
+    def pause_or_resume(self, o: dict[str, Any]) -> None:
+        """Each queue through the audited service the API and the dashboard use."""
+        paused = o["subcommand"] == "pause"
+        by = cli.actor(o["by"])
+        for name in dict.fromkeys(o["queues"]):
+            if not name.strip() or len(name) > 200:
+                raise cli.usage(f"{name!r}: a queue name is 1 to 200 characters.")
+            if reason := selectors.unstorable_text(name):
+                raise cli.usage(f"{name!r}: {reason}")
+            operator_actions.set_paused(name, paused, user=by)
+            self.stdout.write(f"{'Paused' if paused else 'Resumed'} queue {name}.")
 
     def purge(self, o: dict[str, Any]) -> None:
         filters = cli.filters(o, PURGE_FILTERS)
