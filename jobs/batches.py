@@ -23,10 +23,12 @@ from jobs import transitions
 from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
+from jobs.events import BATCH_DISPATCHED, BATCH_WRITTEN
 from jobs.exceptions import ControlPlaneError, LeaseLost
 from jobs.models import BatchMessage, BatchReceipt, Job, Queue, QueueKind
 from jobs.operations import validate_against_schema
 from jobs.states import RUNNING
+from jobs.tables import BATCH_MESSAGE_TABLE, BATCH_RECEIPT_TABLE, JOB_TABLE
 from jobs.wakeups import notify_queues
 
 if TYPE_CHECKING:
@@ -135,7 +137,7 @@ def dispatch_batches(
         notify_queues([batch_queue])
     again = {"replaced_messages": replaced, "replaced_receipts": forgotten}
     ctx.emit(
-        "batch.dispatched",
+        BATCH_DISPATCHED,
         f"{len(payloads)} batches to {batch_queue}",
         batches=len(payloads),
         **(again if replaced or forgotten else {}),
@@ -165,14 +167,14 @@ def claim_messages(*, queue: str, limit: int, visibility_seconds: float) -> list
     d = dialect()
     now = db_now()
     pick = (
-        "SELECT id FROM controlplane_batchmessage WHERE queue = %s AND visible_after <= %s "
+        f"SELECT id FROM {BATCH_MESSAGE_TABLE} WHERE queue = %s AND visible_after <= %s "
         "ORDER BY visible_after, id LIMIT %s"
     )
     if d.postgres:
         pick += " FOR UPDATE SKIP LOCKED"
     with transaction.atomic(), connections["default"].cursor() as cursor:
         cursor.execute(
-            "UPDATE controlplane_batchmessage SET visible_after = %s, attempts = attempts + 1 "
+            f"UPDATE {BATCH_MESSAGE_TABLE} SET visible_after = %s, attempts = attempts + 1 "
             f"WHERE id IN ({pick}) "
             "RETURNING id, queue, parent_id, operation, batch_index, payload, attempts, "
             "max_attempts, last_error",
@@ -329,7 +331,7 @@ def _write(
     cursor: Any, d: Any, op: BatchOperation, message: ClaimedMessage, output: Any, now: Any
 ) -> str:
     cursor.execute(
-        "INSERT INTO controlplane_batchreceipt (parent_id, batch_index, output, written_at) "
+        f"INSERT INTO {BATCH_RECEIPT_TABLE} (parent_id, batch_index, output, written_at) "
         f"VALUES (%s, %s, {d.json_param}, %s) "
         "ON CONFLICT (parent_id, batch_index) DO NOTHING RETURNING id",
         [d.uuid(message.parent_id), message.batch_index, d.json(output), d.ts(now)],
@@ -338,7 +340,7 @@ def _write(
         return "duplicate"
     op.write(message.parent_id, message.batch_index, output)
     cursor.execute(
-        "UPDATE controlplane_job SET progress_current = progress_current + 1, "
+        f"UPDATE {JOB_TABLE} SET progress_current = progress_current + 1, "
         "last_event_seq = last_event_seq + 1, last_event_at = %s "
         "WHERE id = %s AND status = 'running' "
         "RETURNING id, last_event_seq, progress_current, progress_total, lease_token",
@@ -353,7 +355,7 @@ def _write(
         d,
         [(db_id, seq)],
         transitions.Event(
-            "batch.written",
+            BATCH_WRITTEN,
             fields={
                 "batch": message.batch_index,
                 "_progress_current": current,
@@ -378,7 +380,7 @@ def _ack(message: ClaimedMessage, cursor: Any = None) -> None:
         BatchMessage.objects.filter(pk=message.id, attempts=message.attempts).delete()
         return
     cursor.execute(
-        "DELETE FROM controlplane_batchmessage WHERE id = %s AND attempts = %s",
+        f"DELETE FROM {BATCH_MESSAGE_TABLE} WHERE id = %s AND attempts = %s",
         [message.id, message.attempts],
     )
 

@@ -30,8 +30,9 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from jobs.dialect import dialect
+from jobs.events import JOB_STARTED, JOB_SUCCEEDED
 from jobs.states import QUEUED, RUNNING, SUCCEEDED, check_transition
-from jobs.tables import EVENT_TABLE, JOB_TABLE
+from jobs.tables import EVENT_TABLE, JOB_TABLE, REMOTE_OPERATION_TABLE, WORKER_TABLE
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,12 @@ _RETURNING = (
 )
 # PostgreSQL only (data-modifying CTEs): the database's clock, as the UPDATE beside them.
 _STARTED_EVENT = (
-    "SELECT id, last_event_seq, statement_timestamp(), 'job.started', 'info', '', "
+    f"SELECT id, last_event_seq, statement_timestamp(), '{JOB_STARTED}', 'info', '', "
     "jsonb_build_object('worker', %s::text, 'host', %s::text, 'pid', %s::int, 'attempt', attempts) "
     "FROM claimed"
 )
 _SUCCEEDED_EVENT = (
-    "SELECT id, last_event_seq, statement_timestamp(), 'job.succeeded', 'info', '', "
+    f"SELECT id, last_event_seq, statement_timestamp(), '{JOB_SUCCEEDED}', 'info', '', "
     "jsonb_build_object('duration_ms', duration_ms) FROM done"
 )
 _EVENT_COLUMNS = f"{EVENT_TABLE} (job_id, seq, ts, event, level, message, fields)"
@@ -144,7 +145,7 @@ def _pick(
         conditions.append(f"operation IN {d.in_list(len(operations))}")
         params.extend(operations)
     if local_operations is not None:
-        remote = "SELECT name FROM controlplane_remoteoperation WHERE deleted = %s"
+        remote = f"SELECT name FROM {REMOTE_OPERATION_TABLE} WHERE deleted = %s"
         params.append(False)
         if local_operations:
             remote += f" AND name NOT IN {d.in_list(len(local_operations))}"
@@ -293,7 +294,8 @@ def claim_jobs(
             cursor.execute(update, params)
             rows = cursor.fetchall()
             cursor.executemany(
-                f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, 'job.started', 'info', '', %s)",
+                f"INSERT INTO {_EVENT_COLUMNS} "
+                f"VALUES (%s, %s, %s, '{JOB_STARTED}', 'info', '', %s)",
                 [
                     (r[0], r[8], d.ts(now), d.json(_started_fields(worker_text, runner, r[4])))
                     for r in rows
@@ -322,7 +324,7 @@ def extend_leases(
     now = None if d.postgres else timezone.now()
     now_sql, now_params = d.now(at=now)
     beat = (
-        f"UPDATE controlplane_worker SET last_heartbeat = {now_sql} WHERE id = %s",
+        f"UPDATE {WORKER_TABLE} SET last_heartbeat = {now_sql} WHERE id = %s",
         [*now_params, d.uuid(worker_id)],
     )
     if not held:  # one statement: no transaction to open (remote workers poll this)
@@ -480,7 +482,7 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
         rows = cursor.fetchall()
         cursor.executemany(
             f"INSERT INTO {_EVENT_COLUMNS} "
-            f"VALUES (%s, %s, %s, 'job.succeeded', 'info', '', {d.json_param})",
+            f"VALUES (%s, %s, %s, '{JOB_SUCCEEDED}', 'info', '', {d.json_param})",
             [(r[0], r[1], d.ts(now), d.json({"duration_ms": durations.get(r[0])})) for r in rows],
         )
     return [d.read_id(r[0]) for r in rows]

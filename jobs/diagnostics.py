@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from jobs.batches import BatchOperation, batch_registry, dispatch_batches
+from jobs.events import JOB_RETRY_LATER
 from jobs.models import JobEvent
 from jobs.operations import JobContext, OperationResult, operation
 
@@ -87,7 +88,7 @@ def retry_later(ctx: JobContext, payload: dict[str, Any]) -> dict[str, int]:
     """Raises RetryLaterError the first `times` runs, then succeeds."""
     from jobs.exceptions import RetryLaterError
 
-    done = JobEvent.objects.filter(job_id=ctx.job_id, event="job.retry_later").count()
+    done = JobEvent.objects.filter(job_id=ctx.job_id, event=JOB_RETRY_LATER).count()
     if done < payload["times"]:
         raise RetryLaterError(f"retry {done + 1} of {payload['times']}", payload["delay"])
     return {"retried": done}

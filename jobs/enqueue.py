@@ -47,6 +47,7 @@ from jobs.models import PRIORITY_MAX, PRIORITY_MIN, Job
 from jobs.operations import operation_spec
 from jobs.prepared import fetch_all
 from jobs.storable import first_unstorable, text_problem
+from jobs.tables import JOB_TABLE
 from jobs.tracing import describe_enqueue, enqueue_span, tracing_on
 from jobs.uniqueness import DEFAULT_UNIQUE_WHILE, MAX_KEY_LENGTH, UniqueWhile
 
@@ -582,7 +583,7 @@ def _insert(rows: list[Row], now: datetime, *, using: str) -> list[uuid.UUID]:
                 d.json(r.trace_context) if r.trace_context is not None else None,
             ]
         cursor.execute(
-            f"INSERT INTO controlplane_job ({JOB_COLUMNS}) "
+            f"INSERT INTO {JOB_TABLE} ({JOB_COLUMNS}) "
             f"VALUES {', '.join([values] * len(rows))} "
             f"{INSERT_CONFLICT} RETURNING id",
             params,

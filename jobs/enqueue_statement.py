@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from jobs.tables import JOB_TABLE
 from jobs.wakeups import NOTIFY_CHANNEL
 
 
@@ -79,7 +80,7 @@ _NOTIFY_EACH = (
 )
 
 UNIFORM_INSERT = (
-    _NOTIFY_ONE + f"INSERT INTO controlplane_job ({JOB_COLUMNS}) "
+    _NOTIFY_ONE + f"INSERT INTO {JOB_TABLE} ({JOB_COLUMNS}) "
     "SELECT u.id, %(operation)s::text, %(queue)s::text, u.payload, 'queued', "
     "%(priority)s::int, %(run_after)s::timestamptz, %(expires_at)s::timestamptz, 0, "
     "%(max_attempts)s::int, 0, u.parent, 0, NULL, '', '', %(now)s, u.ukey, 1, %(now)s, "
@@ -89,7 +90,7 @@ UNIFORM_INSERT = (
 )
 
 POSTGRES_INSERT = (
-    _NOTIFY_EACH + f"INSERT INTO controlplane_job ({JOB_COLUMNS}) "
+    _NOTIFY_EACH + f"INSERT INTO {JOB_TABLE} ({JOB_COLUMNS}) "
     "SELECT u.id, u.operation, u.queue, u.payload, 'queued', u.priority, u.run_after, "
     "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %(now)s, u.ukey, 1, "
     "%(now)s, u.uwhile, u.timeout, u.schedule, u.trace "

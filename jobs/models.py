@@ -15,12 +15,11 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.events import RECLAIM_EVENTS  # noqa: F401  (imported from here by the dashboard)
 from jobs.states import ACTIVE, TERMINAL, Status, TextChoices
 from jobs.uniqueness import HOLDS_KEY, UniqueWhile
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
-# The reaper's rescue events (jobs.rescues writes them).
-RECLAIM_EVENTS = ("job.lease_expired_requeue", "job.lease_expired", "job.timeout")
 
 
 class QueueKind(TextChoices):

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from jobs.events import JOB_PROGRESS
 from jobs.exceptions import ControlPlaneError, JobCancelled, RetryLaterError, UnknownOperation
 from jobs.schema_precheck import known_valid
 from jobs.storable import MAX_DEPTH, checked_progress, depth_problem, first_unstorable, too_deep
@@ -127,7 +128,7 @@ class JobContext:
         fields: dict[str, Any] = {"_progress_current": current}
         if total is not None:
             fields["_progress_total"] = total
-        return self.emit("job.progress", message, **fields)
+        return self.emit(JOB_PROGRESS, message, **fields)
 
 
 class Operation:
@@ -159,7 +160,7 @@ class Operation:
             getattr(error, "retryable", False)
         )
 
-    # Hooks around each run (before it starts, after it ends). Errors in hooks are logged, not fatal.
+    # Hooks around each run (before it starts, after it ends); their errors are logged, not fatal.
     def before(self, ctx: JobContext) -> None:
         """Runs before each execution, in the worker thread."""
 

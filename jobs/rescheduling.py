@@ -18,12 +18,13 @@ from django.db import transaction
 
 from jobs.clock import db_now
 from jobs.dialect import dialect
+from jobs.events import JOB_RUN_NOW
 from jobs.exceptions import ControlPlaneError, JobNotFound
 from jobs.models import Job
 from jobs.states import QUEUED
 from jobs.transitions import Event, Moved, notify_job_queues, rewrite
 
-RUN_NOW_EVENT = "job.run_now"
+RUN_NOW_EVENT = JOB_RUN_NOW
 
 
 class NotWaiting(ControlPlaneError):

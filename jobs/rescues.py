@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from jobs import events
 from jobs.dialect import Now, dialect
 from jobs.states import FAILED, QUEUED, RUNNING
 from jobs.tables import JOB_TABLE
@@ -66,7 +67,7 @@ def requeue_expired_leases(
         where=pick.format(op="<"),
         where_params=[*expiry_params, max_requeues, *expiry_params, max_requeues],
         event=Event(
-            "job.lease_expired_requeue",
+            events.JOB_LEASE_EXPIRED_REQUEUE,
             level="warning",
             message="lease expired; requeued",
         ),
@@ -85,7 +86,7 @@ def requeue_expired_leases(
         where=pick.format(op=">="),
         where_params=[*expiry_params, max_requeues, *expiry_params, max_requeues],
         event=Event(
-            "job.lease_expired",
+            events.JOB_LEASE_EXPIRED,
             level="error",
             message=f"lease expired more than {max_requeues} times",
             fields={"error_code": "LeaseExpired"},
@@ -120,7 +121,7 @@ def fail_timed_out(
         ),
         where_params=stale_params * 2,
         event=Event(
-            "job.timeout", level="error", message=message, fields={"error_code": "JobTimeout"}
+            events.JOB_TIMEOUT, level="error", message=message, fields={"error_code": "JobTimeout"}
         ),
         assign={
             **CLEAR_LEASE,

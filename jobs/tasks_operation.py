@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils.module_loading import import_string
 
 from jobs import exceptions as our_exceptions
+from jobs.events import JOB_STARTED
 from jobs.exceptions import JobCancelled
 from jobs.models import Job, JobEvent
 from jobs.operations import JobContext, operation
@@ -57,7 +58,7 @@ def _error_of(job: Job) -> TaskError:
     from django.tasks.base import TaskError
 
     last = (
-        JobEvent.objects.filter(job_id=job.pk, event__in=(ERROR_EVENT, "job.started"))
+        JobEvent.objects.filter(job_id=job.pk, event__in=(ERROR_EVENT, JOB_STARTED))
         .order_by("-seq")
         .values_list("event", "message", "fields")
         .first()

@@ -24,9 +24,10 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
+from jobs.events import JOB_ENQUEUED
 from jobs.models import EventLevel, JobEvent
 
-ENQUEUED_EVENT = "job.enqueued"
+ENQUEUED_EVENT = JOB_ENQUEUED
 
 
 def enqueued_event(job_id: uuid.UUID, created_at: datetime) -> JobEvent:

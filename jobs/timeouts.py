@@ -29,13 +29,14 @@ from typing import Any
 from django.db import connections
 
 from jobs.dialect import Dialect, Now, dialect
+from jobs.events import JOB_TIMEOUT
 from jobs.failures import failure_fields
 from jobs.states import FAILED, RUNNING
 from jobs.tables import JOB_TABLE
 from jobs.transitions import CLEAR_LEASE, Event, Moved, move, move_one
 
 TIMEOUT_ERROR_CODE = "JobTimeout"
-TIMEOUT_EVENT = "job.timeout"
+TIMEOUT_EVENT = JOB_TIMEOUT
 
 
 def timeout_message(timeout_seconds: float) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
+from jobs import events
 from jobs.dialect import Dialect, Now, dialect
 from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
 from jobs.failures import failure_fields
@@ -52,7 +53,7 @@ from jobs.storable import (
     checked_progress,
     progress_value,
 )
-from jobs.tables import EVENT_TABLE, JOB_TABLE
+from jobs.tables import BATCH_MESSAGE_TABLE, BATCH_RECEIPT_TABLE, EVENT_TABLE, JOB_TABLE
 from jobs.wakeups import notify_queues
 
 
@@ -337,7 +338,7 @@ def complete_job(
         job_id,
         target=SUCCEEDED,
         lease_token=lease_token,
-        event=Event("job.succeeded", fields=event_fields or {}),
+        event=Event(events.JOB_SUCCEEDED, fields=event_fields or {}),
         assign={
             "result": Sql("NULL") if result is None else Json(result),
             "finished_at": Now(),
@@ -354,10 +355,10 @@ def complete_job(
 # the job exists, ``progress_current`` is the write step's count, and neither
 # the coordinator's return value nor its emits may overwrite it.
 BATCH_OWNED = (
-    "(EXISTS (SELECT 1 FROM controlplane_batchmessage bm"
-    " WHERE bm.parent_id = controlplane_job.id)"
-    " OR EXISTS (SELECT 1 FROM controlplane_batchreceipt br"
-    " WHERE br.parent_id = controlplane_job.id))"
+    f"(EXISTS (SELECT 1 FROM {BATCH_MESSAGE_TABLE} bm"
+    f" WHERE bm.parent_id = {JOB_TABLE}.id)"
+    f" OR EXISTS (SELECT 1 FROM {BATCH_RECEIPT_TABLE} br"
+    f" WHERE br.parent_id = {JOB_TABLE}.id))"
 )
 
 
@@ -425,7 +426,7 @@ def defer_job(
         if not rows:
             raise _explain_miss(job_id, RUNNING, lease_token)
         db_id, seq, done, planned = rows[0]
-        deferred = Event("job.deferred", fields={"result": result})
+        deferred = Event(events.JOB_DEFERRED, fields={"result": result})
         write_events(cursor, d, [(db_id, seq)], deferred, now)
         if planned is not None and done >= planned:
             seq = complete_job(
@@ -446,7 +447,7 @@ def fail_job(
     error_message: str,
     retryable: bool = False,
     backoff_seconds: float | None = None,
-    event: str = "job.failed",
+    event: str = events.JOB_FAILED,
     traceback: str = "",
     frame: str | None = None,
     using: str = "default",
@@ -470,7 +471,7 @@ def fail_job(
                 lease_token=lease_token,
                 where="attempts < max_attempts",
                 event=Event(
-                    "job.retry_scheduled",
+                    events.JOB_RETRY_SCHEDULED,
                     level="warning",
                     message=error_message,
                     fields={**error, **details, "delay_seconds": round(backoff_seconds, 3)},
@@ -511,7 +512,7 @@ def retry_job_later(
         sources=(RUNNING,),  # never resurrect a cancelled or failed job
         lease_token=lease_token,
         event=Event(
-            "job.retry_later",
+            events.JOB_RETRY_LATER,
             message=reason,
             fields={"reason": reason, "delay_seconds": delay_seconds},
         ),
@@ -526,12 +527,12 @@ def retry_job_later(
     )
 
 
-OUTAGE_REQUEUE_EVENT = "job.outage_requeue"
+OUTAGE_REQUEUE_EVENT = events.JOB_OUTAGE_REQUEUE
 OUTAGE_ERROR_CODE = "DatabaseUnavailable"
 
 OUTAGE_REQUEUES_SPENT_SQL = (
     f"SELECT COUNT(*) FROM {EVENT_TABLE} WHERE job_id = %s AND event = %s AND seq > COALESCE("
-    f"(SELECT MAX(seq) FROM {EVENT_TABLE} WHERE job_id = %s AND event = 'job.retried'), 0)"
+    f"(SELECT MAX(seq) FROM {EVENT_TABLE} WHERE job_id = %s AND event = '{events.JOB_RETRIED}'), 0)"
 )
 
 
@@ -638,7 +639,7 @@ def requeue_job(
         sources=(RUNNING,),  # never resurrect a cancelled or failed job
         lease_token=lease_token,
         event=Event(
-            "job.requeued",
+            events.JOB_REQUEUED,
             level="warning",
             message=reason,
             fields={"reason": reason, **_operator_fields(by, None)},
@@ -689,7 +690,7 @@ def cancel_jobs(
         moved = move(
             target=CANCELLED,
             job_ids=list(job_ids),
-            event=Event("job.cancelled", level="warning", message=reason or "", fields=fields),
+            event=Event(events.JOB_CANCELLED, level="warning", message=reason or "", fields=fields),
             assign={"finished_at": Now(), "leased_until": None},
             using=using,
         )
@@ -702,7 +703,7 @@ def cancel_jobs(
                 target=CANCELLED,
                 job_ids=descendants,
                 event=Event(
-                    "job.cancelled",
+                    events.JOB_CANCELLED,
                     level="warning",
                     message="parent cancelled",
                     fields={**fields, "cascade": True},
@@ -716,8 +717,7 @@ def cancel_jobs(
         affected = [d.uuid(i) for i in [*job_ids, *descendants]]
         with connections[using].cursor() as cursor:
             cursor.execute(
-                "DELETE FROM controlplane_batchmessage "
-                f"WHERE parent_id IN {d.in_list(len(affected))}",
+                f"DELETE FROM {BATCH_MESSAGE_TABLE} WHERE parent_id IN {d.in_list(len(affected))}",
                 affected,
             )
     return [m.id for m in moved]
@@ -776,7 +776,7 @@ def retry_job(
                 target=QUEUED,
                 sources=(FAILED, CANCELLED),
                 event=Event(
-                    "job.retried", message=reason or "", fields=_operator_fields(by, reason)
+                    events.JOB_RETRIED, message=reason or "", fields=_operator_fields(by, reason)
                 ),
                 assign=_retry_assign(),
                 using=using,
@@ -807,7 +807,7 @@ def retry_jobs(
                 sources=(FAILED, CANCELLED),
                 job_ids=list(job_ids),
                 event=Event(
-                    "job.retried", message=reason or "", fields=_operator_fields(by, reason)
+                    events.JOB_RETRIED, message=reason or "", fields=_operator_fields(by, reason)
                 ),
                 assign=_retry_assign(),
             )

@@ -26,13 +26,14 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from jobs.events import JOB_STARTED
 from jobs.models import JobEvent
 from jobs.states import QUEUED
 
 SCHEDULED = "scheduled"
 RETRYING = "retrying"
 KINDS = (SCHEDULED, RETRYING)
-STARTED_EVENT = "job.started"
+STARTED_EVENT = JOB_STARTED
 
 
 def has_run() -> Exists:

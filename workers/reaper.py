@@ -50,6 +50,7 @@ from jobs.queue_limits import apply_configured_queues
 from jobs.rescues import fail_timed_out, requeue_expired_leases
 from jobs.schedules.declared import sync_code_schedules
 from jobs.schedules.firing import FireTimer, fire_due_schedules, prune_fires
+from jobs.tables import BATCH_MESSAGE_TABLE, BATCH_RECEIPT_TABLE, EVENT_TABLE, JOB_TABLE
 from jobs.timeouts import fail_overdue_jobs
 from workers.config import ReaperConfig
 from workers.liveness import LivenessWatch, forget_lost_workers, workers_without_liveness
@@ -362,12 +363,12 @@ def delete_finished_jobs(
         ranges = " AND ".join("NOT (id >= %s AND id < %s)" for _ in covered)
         outside = f" AND (finished_at < %s OR ({ranges}))"
         bounds = [d.ts(covered_cutoff or cutoff), *(d.uuid(v) for pair in covered for v in pair)]
-    leaf = "NOT EXISTS (SELECT 1 FROM controlplane_job c WHERE c.parent_id = {table}.id)"
+    leaf = f"NOT EXISTS (SELECT 1 FROM {JOB_TABLE} c WHERE c.parent_id = {{table}}.id)"
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM controlplane_job WHERE {finished}{outside} "
-            f"AND {leaf.format(table='controlplane_job')} "
-            f"AND id IN (SELECT j.id FROM controlplane_job j WHERE {finished}{outside} "
+            f"DELETE FROM {JOB_TABLE} WHERE {finished}{outside} "
+            f"AND {leaf.format(table=JOB_TABLE)} "
+            f"AND id IN (SELECT j.id FROM {JOB_TABLE} j WHERE {finished}{outside} "
             f"AND {leaf.format(table='j')} LIMIT %s{lock}) RETURNING id",
             [d.ts(cutoff), *bounds, d.ts(cutoff), *bounds, int(limit)],
         )
@@ -375,9 +376,9 @@ def delete_finished_jobs(
         if ids:
             marks = d.in_list(len(ids))
             for table, column in (
-                ("controlplane_jobevent", "job_id"),
-                ("controlplane_batchreceipt", "parent_id"),
-                ("controlplane_batchmessage", "parent_id"),
+                (EVENT_TABLE, "job_id"),
+                (BATCH_RECEIPT_TABLE, "parent_id"),
+                (BATCH_MESSAGE_TABLE, "parent_id"),
             ):
                 cursor.execute(f"DELETE FROM {table} WHERE {column} IN {marks}", ids)
             # A schedule's fire history outlives the jobs it names (schedulefire_job_idx).
@@ -400,18 +401,18 @@ def purge_messages_of_finished_parents(limit: int) -> int:
     d = dialect()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT p.id FROM controlplane_job p WHERE p.status IN {TERMINAL} "
-            "AND p.id IN (SELECT m.parent_id FROM controlplane_batchmessage m) LIMIT %s",
+            f"SELECT p.id FROM {JOB_TABLE} p WHERE p.status IN {TERMINAL} "
+            f"AND p.id IN (SELECT m.parent_id FROM {BATCH_MESSAGE_TABLE} m) LIMIT %s",
             [int(limit)],
         )
         parents = [r[0] for r in cursor.fetchall()]
         if not parents:
             return 0
         cursor.execute(
-            "DELETE FROM controlplane_batchmessage WHERE id IN "
-            "(SELECT m.id FROM controlplane_batchmessage m "
+            f"DELETE FROM {BATCH_MESSAGE_TABLE} WHERE id IN "
+            f"(SELECT m.id FROM {BATCH_MESSAGE_TABLE} m "
             f"WHERE m.parent_id IN {d.in_list(len(parents))} "
-            "AND EXISTS (SELECT 1 FROM controlplane_job p "
+            f"AND EXISTS (SELECT 1 FROM {JOB_TABLE} p "
             f"WHERE p.id = m.parent_id AND p.status IN {TERMINAL}) LIMIT %s)",
             [*parents, int(limit)],
         )

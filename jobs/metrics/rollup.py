@@ -65,6 +65,7 @@ from django.db.models import Max, Q
 from django.db.models.fields.json import KT
 from django.utils import timezone
 
+from jobs import events
 from jobs.conf import knob
 from jobs.metrics import buckets
 from jobs.metrics.spans import fold_metric_spans, prune_metric_spans
@@ -79,21 +80,23 @@ TIME_BUDGET_SECONDS = 5.0
 LOOKUP_CHUNK = 200
 JOB_CHUNK = 2000
 
-STARTED = "job.started"
-SUCCEEDED = "job.succeeded"
-TIMEOUT = "job.timeout"
+STARTED = events.JOB_STARTED
+SUCCEEDED = events.JOB_SUCCEEDED
+TIMEOUT = events.JOB_TIMEOUT
 COUNTS: dict[str, tuple[str, ...]] = {
     STARTED: ("started",),
     SUCCEEDED: ("succeeded",),
-    "job.failed": ("failed",),
+    events.JOB_FAILED: ("failed",),
     TIMEOUT: ("failed",),
-    "job.lease_expired": ("failed", "lease_expiries", "rescues"),
-    "job.lease_expired_requeue": ("lease_expiries", "rescues"),
-    "job.retry_scheduled": ("retried",),
-    "job.retry_later": ("retried",),
-    "job.cancelled": ("cancelled",),
+    events.JOB_LEASE_EXPIRED: ("failed", "lease_expiries", "rescues"),
+    events.JOB_LEASE_EXPIRED_REQUEUE: ("lease_expiries", "rescues"),
+    events.JOB_RETRY_SCHEDULED: ("retried",),
+    events.JOB_RETRY_LATER: ("retried",),
+    events.JOB_CANCELLED: ("cancelled",),
 }
-RUN_ENDS = frozenset({SUCCEEDED, "job.failed", TIMEOUT, "job.retry_scheduled", "job.retry_later"})
+RUN_ENDS = frozenset(
+    {SUCCEEDED, events.JOB_FAILED, TIMEOUT, events.JOB_RETRY_SCHEDULED, events.JOB_RETRY_LATER}
+)
 # ``by`` of a job.timeout that is not the reaper's rescue (jobs.timeouts).
 NOT_RESCUES = frozenset({"worker", "heartbeat"})
 COUNTERS = ("started", "succeeded", "failed", "retried", "cancelled", "lease_expiries", "rescues")
