@@ -40,6 +40,7 @@ from django.utils import timezone
 from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
+from jobs.enqueue_hooks import after_enqueue
 from jobs.enqueue_statement import INSERT_CONFLICT, JOB_COLUMNS, Row, statement
 from jobs.exceptions import EnqueueError
 from jobs.key_holders import key_holders
@@ -379,11 +380,11 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
         gc.disable()
     try:
         if not tracing_on():
-            return _enqueue_many(specs, using, None)
+            return after_enqueue(_enqueue_many(specs, using, None), using)
         with enqueue_span(len(specs)) as carrier:
             jobs = _enqueue_many(specs, using, carrier)
             describe_enqueue(jobs)
-            return jobs
+            return after_enqueue(jobs, using)
     finally:
         if paused:
             gc.enable()
