@@ -1,4 +1,9 @@
-"""PostgreSQL's enqueue statement: a batch of jobs and the NOTIFY.
+"""The enqueue statements: a batch of jobs (and on PostgreSQL the NOTIFY) in one INSERT.
+
+``insert_rows`` stores validated rows (``jobs.job_spec``) and returns the
+ids it inserted: those whose unique key another job holds are skipped
+(``ON CONFLICT DO NOTHING``). SQLite's form is a plain multi-row INSERT.
+The rest of this module is PostgreSQL's.
 
 One statement stores up to 1,000 jobs and sends one ``NOTIFY`` per queue
 (only the queue name: a hint, delivered at commit). Each job's
@@ -32,13 +37,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connections
+
+from jobs.dialect import dialect
+from jobs.prepared import fetch_all
 from jobs.tables import JOB_TABLE
 from jobs.wakeups import NOTIFY_CHANNEL
 
 
 @dataclass(slots=True)
 class Row:
-    """A validated job, ready to insert: the payload is serialised once (``jobs.enqueue``)."""
+    """A validated job, ready to insert: the payload is serialised once (``jobs.job_spec``)."""
 
     id: uuid.UUID
     operation: str
@@ -99,6 +108,61 @@ POSTGRES_INSERT = (
     f"max_attempts int, {_OPTIONAL}) "
     f"CROSS JOIN notified {INSERT_CONFLICT} RETURNING id"
 )
+
+
+def insert_rows(rows: list[Row], now: datetime, using: str) -> list[uuid.UUID]:
+    """Insert jobs (their ``job.enqueued`` events are implied: ``jobs.timeline``); return the
+    ids actually inserted."""
+    if dialect(using).postgres:
+        return insert_postgres(rows, now, using)
+    return _insert_sqlite(rows, now, using)
+
+
+def insert_postgres(rows: list[Row], now: datetime, using: str) -> list[uuid.UUID]:
+    """One statement (``statement``), prepared once per connection where allowed."""
+    returned = fetch_all(using, *statement(rows, now), unless_rowcount=len(rows))
+    if returned is None:  # every row was stored: nothing to read back
+        return [r.id for r in rows]
+    return [row[0] for row in returned]
+
+
+_SQLITE_VALUES = (
+    "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s, "
+    "%s, %s, %s, %s)"
+)
+
+
+def _insert_sqlite(rows: list[Row], now: datetime, using: str) -> list[uuid.UUID]:
+    d = dialect(using)
+    with connections[using].cursor() as cursor:
+        params: list[Any] = []
+        created = d.ts(now)
+        for r in rows:
+            params += [
+                d.uuid(r.id),
+                r.operation,
+                r.queue,
+                r.payload_json,
+                r.priority,
+                d.ts(r.run_after),
+                d.ts(r.expires_at),
+                r.max_attempts,
+                d.uuid(r.parent_id),
+                created,
+                r.unique_key,
+                created,
+                r.unique_while,
+                r.timeout_seconds,
+                d.uuid(r.schedule_id),
+                d.json(r.trace_context) if r.trace_context is not None else None,
+            ]
+        cursor.execute(
+            f"INSERT INTO {JOB_TABLE} ({JOB_COLUMNS}) "
+            f"VALUES {', '.join([_SQLITE_VALUES] * len(rows))} "
+            f"{INSERT_CONFLICT} RETURNING id",
+            params,
+        )
+        return [d.read_id(row[0]) for row in cursor.fetchall()]
 
 
 def statement(rows: Sequence[Row], now: datetime) -> tuple[str, dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 Opt-in (``manage.py controlplane_partition_events``, ``jobs.event_layout``):
 ``controlplane_jobevent`` partitioned by RANGE of ``job_id``. Job ids are
-UUIDv7 (``jobs.enqueue.new_job_ids``): they start with the millisecond the
+UUIDv7 (``jobs.ids.new_job_ids``): they start with the millisecond the
 job was made, so one range of ids is one period of job creation, and all
 of a job's events share one partition. Hence:
 
