@@ -127,7 +127,7 @@ def cooperative_sleep(ctx, payload):
     return {"stopped": ctx.cancelled}
 
 
-# Values a result, a progress report or an error message may not hold (issue 27 §2),
+# Values a result, a progress report or an error message may not hold,
 # and the documented conversions a result may use.
 POISON_BIG = 2 * 1024 * 1024  # past MAX_RESULT_BYTES, MAX_ERROR_MESSAGE_CHARS, MAX_EVENT_...
 

@@ -27,7 +27,7 @@ from tests.conftest import (
     database_url_for_subprocess,
     wait_for_other_sessions_to_finish,
 )
-from tests.integration.dashboard.helpers import make_user
+from tests.factories import make_user
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

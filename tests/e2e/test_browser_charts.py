@@ -1,4 +1,4 @@
-"""The metrics charts in a real browser (issue 16): drawn as SVG with a dot and a tooltip
+"""The metrics charts in a real browser: drawn as SVG with a dot and a tooltip
 per value, switched between windows and filtered by queue, themed in light and dark,
 and the queue page's small charts per queue."""
 
@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 from jobs.metrics import buckets
 from jobs.metrics.rollup import roll_up_metrics
 from jobs.models import MetricRollup, MetricTotal
-from tests.integration.dashboard.helpers import HOSTILE_SCRIPT, failed, succeeded
+from tests.factories import HOSTILE_SCRIPT, failed, succeeded
 
 pytestmark = pytest.mark.e2e
 

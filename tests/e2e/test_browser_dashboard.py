@@ -12,7 +12,8 @@ from playwright.sync_api import expect
 from jobs.models import Job, JobEvent, Queue
 from jobs.transitions import emit_event
 from tests.conftest import wait_for
-from tests.integration.dashboard.helpers import (
+from tests.factories import (
+    ECHO,
     HOSTILE_IMG,
     HOSTILE_SCRIPT,
     PASSWORD,
@@ -65,7 +66,7 @@ def test_anonymous_users_are_sent_to_login_and_can_sign_in(open_page) -> None:
 
 
 def test_a_running_jobs_timeline_and_progress_update_without_reload(open_page) -> None:
-    job, held = running({"seconds": 3})
+    job, held = running(ECHO, {"seconds": 3})
     page = open_page("viewer")
     page.goto(f"/dashboard/jobs/{job.pk}/")
     expect(page.locator("#live")).to_have_attribute("data-state", "live")
@@ -156,9 +157,9 @@ def test_state_changes_made_elsewhere_appear_live(open_page) -> None:
 
 
 def test_filters_live_in_the_url_and_bulk_cancel_acts_on_the_filter(open_page) -> None:
-    hits = [queued({"account": 42}, queue="billing") for _ in range(3)]
-    other_account = queued({"account": 7}, queue="billing")
-    other_queue = queued({"account": 42}, queue="mail")
+    hits = [queued(ECHO, {"account": 42}, queue="billing") for _ in range(3)]
+    other_account = queued(ECHO, {"account": 7}, queue="billing")
+    other_queue = queued(ECHO, {"account": 42}, queue="mail")
     page = open_page("operator", username="bulk-op")
     page.goto("/dashboard/jobs/")
     page.select_option("select[name=queue]", "billing")
@@ -213,7 +214,7 @@ def test_the_job_list_updates_rows_live(open_page) -> None:
 
 def test_hostile_job_data_is_shown_as_text_and_never_runs(open_page) -> None:
     payload = {"note": HOSTILE_SCRIPT, "img": HOSTILE_IMG}
-    job, held = running(payload, queue="hostile")
+    job, held = running(ECHO, payload, queue="hostile")
     emit_event(
         job.pk,
         event="note",
@@ -221,7 +222,7 @@ def test_hostile_job_data_is_shown_as_text_and_never_runs(open_page) -> None:
         fields={"x": HOSTILE_SCRIPT},
         lease_token=held.lease_token,
     )
-    dead = failed(payload, queue="hostile", code=HOSTILE_IMG, message=HOSTILE_SCRIPT)
+    dead = failed(ECHO, payload, queue="hostile", code=HOSTILE_IMG, message=HOSTILE_SCRIPT)
     page = open_page("operator")
     for path in (
         f"/dashboard/jobs/{job.pk}/",

@@ -36,7 +36,7 @@ from jobs.schedules.firing import fire_due_schedules
 from jobs.schedules.services import create_schedule, pause_schedule, run_schedule_now
 from jobs.transitions import complete_job, emit_event, fail_job
 from tests.conftest import ROOT
-from tests.integration.dashboard.helpers import (
+from tests.factories import (
     cancelled,
     failed,
     make_user,
@@ -73,8 +73,8 @@ def _realistic_data() -> Job:
         payload = {"account": rng.randint(1, 60), "attempt_hint": i % 3}
         if i % 11 == 0:
             job = failed(
+                op,
                 payload,
-                operation=op,
                 queue=queue,
                 worker_id=alive.pk,
                 code=rng.choice(["SMTPServerDisconnected", "TimeoutError"]),
@@ -86,7 +86,7 @@ def _realistic_data() -> Job:
                 ),
             )
         else:
-            job = succeeded(payload, operation=op, queue=queue, worker_id=alive.pk)
+            job = succeeded(op, payload, queue=queue, worker_id=alive.pk)
         finished.append(job)
     for job in finished:  # spread over the last hour for the chart
         ago = timedelta(seconds=rng.randint(0, 3500))
@@ -96,11 +96,11 @@ def _realistic_data() -> Job:
             finished_at=now - ago,
         )
     for _ in range(14):
-        queued({"account": rng.randint(1, 60)}, operation="emails.send", queue="emails")
+        queued("emails.send", {"account": rng.randint(1, 60)}, queue="emails")
     for _ in range(5):
-        queued({"period": "2025-01"}, operation="reports.nightly", queue="reports")
-    cancelled({"account": 12}, operation="invoices.render", queue="default")
-    running({"to": "ops@example.com"}, operation="emails.send", queue="emails", worker_id=dead.pk)
+        queued("reports.nightly", {"period": "2025-01"}, queue="reports")
+    cancelled("invoices.render", {"account": 12}, queue="default")
+    running("emails.send", {"to": "ops@example.com"}, queue="emails", worker_id=dead.pk)
     Queue.objects.create(name="reports", paused=True)
     Queue.objects.create(name="emails", concurrency_cap=20)
     _operator_history(now, finished[0])
@@ -108,13 +108,13 @@ def _realistic_data() -> Job:
     _metric_history(now, rng)
 
     star, held = running(
+        "embeddings.compute",
         {"model": "esm2-650M", "proteins": 12000, "batch_size": 1000},
-        operation="embeddings.compute",
         queue="default",
         worker_id=alive.pk,
     )
     for kid in range(3):
-        queued({"batch": kid}, operation="embeddings.compute", queue="default", parent=star.pk)
+        queued("embeddings.compute", {"batch": kid}, queue="default", parent=star.pk)
     emit_event(
         star.pk,
         event="embeddings.plan",

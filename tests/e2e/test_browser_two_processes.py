@@ -18,7 +18,7 @@ from playwright.sync_api import expect
 
 from tests.conftest import FAST_KNOBS, ROOT, database_url_for_subprocess
 from tests.e2e.conftest import CHROMIUM, SERVER_KNOBS, _free_port, _wait_http
-from tests.integration.dashboard.helpers import running, tick
+from tests.factories import ECHO, running, tick
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +60,7 @@ def server(django_db_setup, tmp_path_factory) -> Iterator[str]:
 
 
 def test_every_page_updates_live_when_two_processes_serve(open_page) -> None:
-    job, held = running({"seconds": 3})
+    job, held = running(ECHO, {"seconds": 3})
     pages = [open_page("viewer") for _ in range(PAGES)]
     for page in pages:
         page.goto(f"/dashboard/jobs/{job.pk}/")

@@ -1,4 +1,4 @@
-"""What a run may store (jobs.storable, issue 27 §2): progress, results, message caps."""
+"""What a run may store (jobs.storable): progress, results, message caps."""
 
 from __future__ import annotations
 

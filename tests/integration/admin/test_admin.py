@@ -18,7 +18,7 @@ from jobs import operator_actions
 from jobs.enqueue import JobSpec, enqueue_many
 from jobs.models import Job, JobEvent, OperatorAction, Queue, Worker
 from jobs.transitions import emit_event
-from tests.integration.dashboard.helpers import (
+from tests.factories import (
     ECHO,
     cancelled,
     failed,
@@ -90,7 +90,7 @@ def test_every_list_and_page_opens(role: str, request) -> None:
 
 def test_job_filters_and_search_narrow_the_list(superuser_client: Client) -> None:
     a, b = queued(queue="admin-a"), queued(queue="admin-b")
-    done = succeeded(queue="admin-a")
+    done = succeeded(ECHO, queue="admin-a")
     child = queued(parent=a.pk, queue="admin-b")
     changelist = url(Job, "changelist")
 
@@ -290,7 +290,7 @@ def test_a_queue_kind_is_read_only_in_the_admin(operator_client: Client) -> None
 
 
 def test_a_running_jobs_lease_token_is_masked(superuser_client: Client) -> None:
-    from tests.integration.foundation.helpers import running
+    from tests.factories import running
 
     job, _ = running()
     page = superuser_client.get(url(Job, "change", job.pk)).content.decode()

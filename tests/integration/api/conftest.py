@@ -1,6 +1,6 @@
 """Fixtures for the REST API tests: one user per role, each with a token, and a JSON client.
 
-Roles (the permission matrix of issue 5):
+Roles (the permission matrix):
 - ``anonymous``: no credentials
 - ``viewer``: controlplane.view_job
 - ``operator``: controlplane.view_job, controlplane.change_job, controlplane.add_job
@@ -133,7 +133,7 @@ def register_worker(api: Api, operations: list[str] | None = None) -> str:
 
 def claim_one(api: Api, worker_id: str) -> tuple[str, str]:
     """Enqueue a ping job and claim it over HTTP; return ``(job id, lease token)``."""
-    from tests.integration.foundation.helpers import queued
+    from tests.factories import queued
 
     job = queued(queue="default")  # the queue of ping, which the worker serves
     response = api.post(f"/workers/{worker_id}/claim", {"limit": 1})

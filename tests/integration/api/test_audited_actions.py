@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from jobs.models import OperatorAction
-from tests.integration.foundation.helpers import failed, queued
+from tests.factories import failed, queued
 
 from .conftest import Api
 

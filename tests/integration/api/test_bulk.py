@@ -8,7 +8,7 @@ import pytest
 
 from jobs import bulk_actions as actions
 from jobs.models import Job
-from tests.integration.foundation.helpers import (
+from tests.factories import (
     cancelled,
     failed,
     fresh,

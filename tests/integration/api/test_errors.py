@@ -10,7 +10,7 @@ from django.test import Client
 
 from jobs import selectors
 from jobs.models import Job
-from tests.integration.foundation.helpers import queued
+from tests.factories import queued
 
 from .conftest import assert_error_shape
 

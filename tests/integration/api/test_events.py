@@ -13,7 +13,7 @@ from jobs.enqueue import JobSpec, enqueue_many
 from jobs.models import Job, JobEvent
 from jobs.transitions import emit_event
 from tests.conftest import wait_for
-from tests.integration.foundation.helpers import queued, running
+from tests.factories import queued, running
 
 from .conftest import assert_error_shape
 

@@ -1,4 +1,4 @@
-"""What the polled endpoints cost in queries, authentication included (issue 12: one or two).
+"""What the polled endpoints cost in queries, authentication included: one or two.
 
 The token is read once per ``TOKEN_CACHE_SECONDS`` per process, queue settings once per
 ``QUEUE_SETTINGS_CACHE_SECONDS``; the counts are of a poll after the first, as pollers see them.

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import Job
-from tests.integration.foundation.helpers import (
+from tests.factories import (
     cancelled,
     failed,
     fresh,

@@ -13,7 +13,7 @@ from django.test import Client
 from django_controlplane.api import views
 from jobs import selectors
 from jobs.models import Job
-from tests.integration.foundation.helpers import queued
+from tests.factories import queued
 
 from .conftest import assert_error_shape
 

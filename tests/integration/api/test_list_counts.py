@@ -9,7 +9,7 @@ import pytest
 from jobs import selectors
 from jobs.selectors import counts
 from jobs.selectors import jobs as job_selectors
-from tests.integration.foundation.helpers import queued
+from tests.factories import queued
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.models import Job, Worker
-from tests.integration.foundation.helpers import failed, queued
+from tests.factories import failed, queued
 
 from .conftest import assert_error_shape
 

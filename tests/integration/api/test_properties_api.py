@@ -1,4 +1,4 @@
-"""Property tests of the REST API (issue 13): any body gets a 2xx or a 4xx in the one shape.
+"""Property tests of the REST API: any body gets a 2xx or a 4xx in the one shape.
 
 Enqueue, register, heartbeat, events, complete and fail are fed bodies built
 from a valid one by at most one mutation: a field swapped for any JSON value
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from jobs.models import Job
-from tests.integration.foundation.helpers import claim, queued
+from tests.factories import claim, queued
 from tests.unit.test_properties_payload import ANY_PATTERNS, SAFE_PATTERNS, schemas
 from tests.unit.test_properties_storable import DEEP, JSON, TEXT
 

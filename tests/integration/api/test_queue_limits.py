@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import OperatorAction, Queue
-from tests.integration.foundation.helpers import queued
+from tests.factories import queued
 
 from .conftest import assert_error_shape
 

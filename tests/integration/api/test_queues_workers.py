@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs.claims import claim_jobs
 from jobs.models import BatchMessage, Job, Queue, Worker
-from tests.integration.foundation.helpers import cancelled, failed, queued, succeeded
+from tests.factories import cancelled, failed, queued, succeeded
 
 from .conftest import assert_error_shape
 

@@ -1,5 +1,5 @@
 """``REMOTE_WORKER_GRANTS``: remote accounts serve only the operations and queues they are
-allowed, per user or per Django group (issue 27 §4).
+allowed, per user or per Django group.
 
 Unset, nothing changes. Set, a registration that declares or serves an operation or a
 queue outside the account's grant is a 403 naming it and the knob, and changes nothing;

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 def test_a_remote_claim_names_the_registered_host_and_pid(api_for) -> None:
     remote: Api = api_for("remote")
-    from tests.integration.foundation.helpers import queued
+    from tests.factories import queued
 
     response = remote.post(
         "/workers",

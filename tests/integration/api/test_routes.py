@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from tests.integration.foundation.helpers import failed, queued
+from tests.factories import failed, queued
 
 from .conftest import Api, claim_one, register_worker
 

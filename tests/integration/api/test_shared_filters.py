@@ -11,9 +11,8 @@ from django.utils import timezone
 
 from jobs.models import OperatorAction
 from jobs.selectors import job_filters_from_query, read_job_filters
+from tests.factories import ECHO, fresh, queued, unique_queue
 from tests.integration.cli.conftest import run_jobs
-from tests.integration.dashboard.helpers import queued
-from tests.integration.foundation.helpers import fresh, unique_queue
 
 from .conftest import assert_error_shape
 
@@ -28,8 +27,8 @@ def ids(response) -> set[str]:
 def test_the_api_lists_by_payload_waiting_range_and_the_short_time_names(viewer) -> None:
     q = unique_queue()
     now = timezone.now()
-    eu = queued(payload={"account": 42, "region": "eu"}, queue=q)
-    us = queued(payload={"account": 7}, queue=q)
+    eu = queued(ECHO, {"account": 42, "region": "eu"}, queue=q)
+    us = queued(ECHO, {"account": 7}, queue=q)
     later = queued(queue=q, run_after=now + timedelta(hours=1))
     assert ids(viewer.get("/jobs", queue=q, payload='{"account": 42}')) == {str(eu.pk)}
     assert ids(viewer.get("/jobs", queue=q, when="scheduled")) == {str(later.pk)}
@@ -44,8 +43,8 @@ def test_the_api_lists_by_payload_waiting_range_and_the_short_time_names(viewer)
 def test_bulk_cancel_takes_a_payload_filter_in_its_body(operator) -> None:
     q = unique_queue()
     target, other = (
-        queued(payload={"tenant": "a"}, queue=q),
-        queued(payload={"tenant": "b"}, queue=q),
+        queued(ECHO, {"tenant": "a"}, queue=q),
+        queued(ECHO, {"tenant": "b"}, queue=q),
     )
     response = operator.post("/jobs/cancel", {"queue": q, "payload": {"tenant": "a"}})
     assert response.status_code == 200, response.content
@@ -57,8 +56,8 @@ def test_bulk_cancel_takes_a_payload_filter_in_its_body(operator) -> None:
 
 def test_the_command_takes_the_same_names(db) -> None:
     q = unique_queue()
-    target = queued(payload={"n": 1}, queue=q)
-    queued(payload={"n": 2}, queue=q)
+    target = queued(ECHO, {"n": 1}, queue=q)
+    queued(ECHO, {"n": 2}, queue=q)
     run = run_jobs("cancel", "--queue", q, "--payload", '{"n": 1}', "--yes", "--by", "ops")
     assert run.code == 0, run
     assert fresh(target).status == "cancelled"

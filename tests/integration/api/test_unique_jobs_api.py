@@ -10,8 +10,8 @@ from django.db import connection
 from django.test import Client
 
 from jobs.models import Job
-from tests.integration.foundation.helpers import claim, fresh
-from tests.integration.foundation.helpers import failed as failed_job
+from tests.factories import claim, fresh
+from tests.factories import failed as failed_job
 
 from .conftest import assert_error_shape
 

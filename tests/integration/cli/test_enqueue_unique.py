@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from jobs.models import Job
-from tests.integration.foundation.helpers import fresh
+from tests.factories import fresh
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from django_controlplane.api.serializers import JobSerializer
 from jobs.enqueue import JobSpec, enqueue_many
 from jobs.models import Job, JobEvent, OperatorAction
 from tests.conftest import ROOT
-from tests.integration.foundation.helpers import (
+from tests.factories import (
     cancelled,
     failed,
     fresh,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from django.test import Client
 
-from tests.integration.dashboard.helpers import make_user
+from tests.factories import make_user
 
 
 def _client(role: str, *, enforce_csrf: bool = False) -> Client:

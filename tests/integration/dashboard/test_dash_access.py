@@ -7,7 +7,7 @@ from django.test import Client
 
 from jobs.models import Queue
 from jobs.states import QUEUED
-from tests.integration.dashboard.helpers import failed, fresh, make_user, queued
+from tests.factories import failed, fresh, make_user, queued
 
 PAGES = ["/dashboard/", "/dashboard/jobs/", "/dashboard/workers/", "/dashboard/queues/"]
 

@@ -6,7 +6,8 @@ from django.contrib.messages import get_messages
 from django.test import Client
 
 from jobs.models import Job, JobEvent, Queue
-from tests.integration.dashboard.helpers import (
+from tests.factories import (
+    ECHO,
     cancelled,
     failed,
     fresh,
@@ -77,10 +78,10 @@ def test_bulk_on_a_selection_previews_then_runs(operator_client: Client) -> None
 
 
 def test_bulk_on_everything_matching_the_filter(operator_client: Client) -> None:
-    hits = [failed({"account": 42}, queue="bulk") for _ in range(3)]
-    cancelled({"account": 42}, queue="bulk")
-    miss = failed({"account": 7}, queue="bulk")
-    other_queue = failed({"account": 42}, queue="elsewhere")
+    hits = [failed(ECHO, {"account": 42}, queue="bulk") for _ in range(3)]
+    cancelled(ECHO, {"account": 42}, queue="bulk")
+    miss = failed(ECHO, {"account": 7}, queue="bulk")
+    other_queue = failed(ECHO, {"account": 42}, queue="elsewhere")
     url = '/dashboard/jobs/bulk/?queue=bulk&payload={"account":42}'
     preview = operator_client.post(url, {"do": "retry-filter"})
     assert preview.context["plan"].eligible.value == 4
@@ -187,8 +188,8 @@ def test_bulk_actions_record_the_count_and_the_filter(operator_client: Client) -
     from jobs.models import OperatorAction
 
     for _ in range(3):
-        failed({"account": 42}, queue="bulk-audit")
-    failed({"account": 7}, queue="bulk-audit")
+        failed(ECHO, {"account": 42}, queue="bulk-audit")
+    failed(ECHO, {"account": 7}, queue="bulk-audit")
     url = '/dashboard/jobs/bulk/?queue=bulk-audit&status=failed&payload={"account":42}'
     operator_client.post(url, {"do": "retry-filter"})  # the preview changes nothing
     assert audit_rows() == []

@@ -9,7 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from jobs.models import OperatorAction
-from tests.integration.foundation.helpers import failed, queued
+from tests.factories import failed, queued
 
 pytestmark = pytest.mark.django_db
 

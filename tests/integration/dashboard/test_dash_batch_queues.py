@@ -11,15 +11,14 @@ from django.utils import timezone
 from dashboard import render
 from jobs.batches import claim_messages, dispatch_batches
 from jobs.models import BatchMessage
-from tests.integration.dashboard.helpers import queued, running
-from tests.integration.foundation.helpers import context
+from tests.factories import context, queued, running
 
 pytestmark = pytest.mark.django_db
 
 
 def fan_out(n: int):
     """A running ``fanout`` coordinator that dispatched ``n`` messages to ``<queue>.batch``."""
-    parent, held = running({"batches": n}, operation="fanout")
+    parent, held = running("fanout", {"batches": n})
     payloads = [{"index": i} for i in range(n)]
     assert dispatch_batches(context(held), operation="fanout.batch", payloads=payloads) == n
     return parent

@@ -1,4 +1,4 @@
-"""The metrics page and the queue page's charts (issue 16): windows, filters,
+"""The metrics page and the queue page's charts: windows, filters,
 percentiles from known histograms, the empty state, hostile names, and reads that
 touch only the rollup whatever the size of the jobs and events tables."""
 
@@ -17,7 +17,7 @@ from jobs.metrics import buckets
 from jobs.metrics.rollup import roll_up_metrics
 from jobs.metrics.spans import fold_metric_spans
 from jobs.models import Job, JobEvent, MetricCursor, MetricRollup, MetricSpan, MetricTotal
-from tests.integration.dashboard.helpers import (
+from tests.factories import (
     HOSTILE_IMG,
     HOSTILE_SCRIPT,
     failed,

@@ -15,7 +15,7 @@ from dashboard import selectors
 from jobs.models import Job
 from jobs.selectors import counts, timeouts
 from jobs.selectors import job_count as core_job_count
-from tests.integration.dashboard.helpers import queued
+from tests.factories import queued
 
 
 @pytest.fixture

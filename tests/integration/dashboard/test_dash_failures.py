@@ -11,7 +11,7 @@ from dashboard.detail import job_detail
 from jobs.failures import fingerprint, format_traceback, innermost_frame
 from jobs.models import Job, JobEvent
 from jobs.transitions import fail_job
-from tests.integration.dashboard.helpers import HOSTILE_SCRIPT, failed, running, unique_queue
+from tests.factories import HOSTILE_SCRIPT, failed, running, unique_queue
 
 TRACEBACK_BLOCK = re.compile(
     r'<details class="traceback" id="traceback-(\d+)" hx-preserve="true">'

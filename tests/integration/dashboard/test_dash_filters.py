@@ -13,7 +13,7 @@ from dashboard import selectors
 from jobs.models import Job
 from jobs.selectors import read_job_filters
 from jobs.selectors.payload import json_contains
-from tests.integration.dashboard.helpers import failed, queued, running, succeeded
+from tests.factories import ECHO, failed, queued, running, succeeded
 
 
 def ids_of(filters: str) -> set:
@@ -25,14 +25,14 @@ def ids_of(filters: str) -> set:
 def mix(db):
     q1, q2 = "orders", "emails"
     jobs = {
-        "a42": queued({"account": 42, "region": "eu"}, queue=q1),
-        "a42b": queued({"account": 42, "tags": ["x", "y"], "nested": {"k": 1}}, queue=q2),
-        "a7": queued({"account": 7, "flag": True, "none": None}, queue=q1),
-        "str": queued({"account": "42"}, queue=q1),
+        "a42": queued(ECHO, {"account": 42, "region": "eu"}, queue=q1),
+        "a42b": queued(ECHO, {"account": 42, "tags": ["x", "y"], "nested": {"k": 1}}, queue=q2),
+        "a7": queued(ECHO, {"account": 7, "flag": True, "none": None}, queue=q1),
+        "str": queued(ECHO, {"account": "42"}, queue=q1),
         "failed": failed(
-            {"account": 42}, queue=q1, code="TimeoutError", message="the upstream timed out"
+            ECHO, {"account": 42}, queue=q1, code="TimeoutError", message="the upstream timed out"
         ),
-        "ok": succeeded({}, queue=q2),
+        "ok": succeeded(ECHO, {}, queue=q2),
     }
     return jobs
 
@@ -195,7 +195,7 @@ def test_list_live_endpoint_refreshes_rows_and_counts_new_jobs(operator_client: 
 def test_short_ids_tell_jobs_of_the_same_minute_apart_and_find_them(viewer_client):
     from dashboard.templatetags.dash import short_id
 
-    jobs = [queued({"n": n}) for n in range(20)]
+    jobs = [queued(ECHO, {"n": n}) for n in range(20)]
     shorts = {short_id(job.pk) for job in jobs}
     assert len({str(job.pk)[:8] for job in jobs}) == 1  # the old 8-digit form: all alike
     assert len(shorts) == len(jobs)

@@ -16,7 +16,7 @@ from django.db import connections
 from dashboard.consumers import DashboardConsumer
 from dashboard.relay import relay
 from jobs.transitions import cancel_job
-from tests.integration.dashboard.helpers import HOSTILE_SCRIPT, make_user, queued, running, tick
+from tests.factories import HOSTILE_SCRIPT, make_user, queued, running, tick
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 

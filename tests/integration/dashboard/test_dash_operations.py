@@ -19,7 +19,7 @@ from django_controlplane.remote import register_worker
 from jobs import audit
 from jobs.models import Job, OperatorAction
 from jobs.operations import operation, registry
-from tests.integration.dashboard.helpers import HOSTILE_SCRIPT, make_user
+from tests.factories import HOSTILE_SCRIPT, make_user
 from tests.integration.timelines import events_of
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,8 @@ from dashboard import render, selectors
 from dashboard.detail import job_detail
 from jobs.models import JobEvent
 from jobs.transitions import emit_event
-from tests.integration.dashboard.helpers import (
+from tests.factories import (
+    ECHO,
     HOSTILE_IMG,
     HOSTILE_SCRIPT,
     cancelled,
@@ -35,7 +36,7 @@ def assert_inert(html: str) -> None:
 
 @pytest.fixture
 def hostile_jobs(db):
-    job, held = running(HOSTILE)
+    job, held = running(ECHO, HOSTILE)
     emit_event(
         job.pk,
         event="note.added",
@@ -43,7 +44,7 @@ def hostile_jobs(db):
         fields={"html": HOSTILE_SCRIPT},
         lease_token=held.lease_token,
     )
-    dead = failed(HOSTILE, code=HOSTILE_IMG, message=HOSTILE_SCRIPT)
+    dead = failed(ECHO, HOSTILE, code=HOSTILE_IMG, message=HOSTILE_SCRIPT)
     return job, dead
 
 
@@ -79,7 +80,7 @@ def test_live_fragments_escape_job_data(hostile_jobs) -> None:
 
 
 def test_job_page_timing_progress_lease_and_worker(operator_client: Client) -> None:
-    job, held = running({"account": 1})
+    job, held = running(ECHO, {"account": 1})
     tick(job, held, 2, 5, "two of five")
     html = operator_client.get(f"/dashboard/jobs/{job.pk}/").content.decode()
     assert 'data-countdown="' in html  # the lease countdown

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from jobs.models import OperatorAction, Queue
-from tests.integration.dashboard.helpers import make_user, queued
+from tests.factories import make_user, queued
 from tests.integration.dashboard.test_dash_actions import messages_of
 
 RATE = "/dashboard/queues/rate/"

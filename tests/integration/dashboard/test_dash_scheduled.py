@@ -16,9 +16,11 @@ from jobs.claims import claim_jobs
 from jobs.models import BatchMessage, Job, JobEvent, OperatorAction
 from jobs.rescheduling import NotWaiting, run_job_now
 from jobs.transitions import fail_job, retry_job_later
-from tests.integration.dashboard.helpers import (
+from tests.factories import (
+    assert_consistent,
     cancelled,
     claim,
+    context,
     failed,
     fresh,
     make_user,
@@ -26,7 +28,6 @@ from tests.integration.dashboard.helpers import (
     running,
     succeeded,
 )
-from tests.integration.foundation.helpers import assert_consistent, context
 
 pytestmark = pytest.mark.django_db
 
@@ -62,7 +63,7 @@ def retrying_after_failure(**options):
 
 def retrying_later(**options):
     """The ``retry_later`` diagnostic's path: RetryLaterError gives the attempt back."""
-    job, held = running({"times": 1, "delay": 3600}, operation="retry_later", **options)
+    job, held = running("retry_later", {"times": 1, "delay": 3600}, **options)
     retry_job_later(job.pk, lease_token=held.lease_token, reason="not yet", delay_seconds=3600)
     job = fresh(job)
     assert (job.status, job.attempts) == ("queued", 0)  # the counter alone cannot tell
@@ -265,7 +266,7 @@ def test_discard_refuses_unfinished_jobs(operator_client: Client, state: str) ->
 
 
 def test_discard_takes_finished_descendants_and_batch_rows_along(operator_client: Client) -> None:
-    parent, held = running({"batches": 2}, operation="fanout")
+    parent, held = running("fanout", {"batches": 2})
     dispatch_batches(context(held), operation="fanout.batch", payloads=[{"index": 0}])
     child = succeeded(parent=parent.pk)
     grandchild = failed(parent=child.pk)

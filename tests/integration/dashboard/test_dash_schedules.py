@@ -1,4 +1,4 @@
-"""The Schedules pages (issue 15): the list, one schedule with its history, and the
+"""The Schedules pages: the list, one schedule with its history, and the
 operators' Pause, Resume, Run now and New schedule, each audited.
 
 Schedules are made and fired through ``jobs.schedules`` (services and
@@ -22,7 +22,7 @@ from jobs.models import Job, OperatorAction, Schedule, ScheduleFire
 from jobs.operations import operation, registry
 from jobs.schedules.firing import fire_due_schedules
 from jobs.schedules.services import create_schedule, pause_schedule, run_schedule_now
-from tests.integration.dashboard.helpers import (
+from tests.factories import (
     ECHO,
     HOSTILE_IMG,
     HOSTILE_SCRIPT,

@@ -1,4 +1,4 @@
-"""The job page's timeline (issue 14): progress ticks fold into one line, a level
+"""The job page's timeline: progress ticks fold into one line, a level
 filter that holds across pages, a header per attempt, absolute times on hover."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dashboard.detail import job_detail
 from jobs.claims import ClaimedJob
 from jobs.models import Job, JobEvent
 from jobs.transitions import emit_event, fail_job
-from tests.integration.dashboard.helpers import (
+from tests.factories import (
     HOSTILE_IMG,
     HOSTILE_SCRIPT,
     claim,

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.integration.dashboard.helpers import running
+from tests.factories import running
 
 pytestmark = pytest.mark.django_db
 

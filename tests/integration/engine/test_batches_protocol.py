@@ -17,7 +17,7 @@ from jobs.models import BatchMessage, BatchReceipt, Job, JobEvent
 from jobs.operations import registry
 from jobs.rescues import requeue_expired_leases
 from jobs.transitions import cancel_job, defer_job, emit_event, has_cancelled_ancestor
-from tests.integration.foundation.helpers import (
+from tests.factories import (
     assert_consistent,
     claim,
     context,

@@ -1,4 +1,4 @@
-"""A worker must not deadlock with itself (issue 27 §3).
+"""A worker must not deadlock with itself.
 
 The batched success write (``complete_and_claim``) locks the batch's rows in
 the batch's order; the heartbeat (``extend_leases``) locked the same worker's
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 import uuid
 
 import psycopg
@@ -21,7 +20,7 @@ from django.db import connection
 from jobs.claims import claim_jobs, extend_leases
 from jobs.enqueue import JobSpec, enqueue_many
 from jobs.models import Job, Worker
-from tests.conftest import database_url_for_subprocess
+from tests.conftest import database_url_for_subprocess, wait_for
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -72,6 +71,17 @@ def _deadlocks() -> int:
         return cursor.fetchone()[0]
 
 
+def _other_sessions() -> int:
+    """Backends of the test database besides this one (PostgreSQL 15+ flushes a backend's
+    statistics before it leaves ``pg_stat_activity``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        return cursor.fetchone()[0]
+
+
 def test_a_drain_with_a_fast_heartbeat_has_no_deadlock(worker):
     """3,000 jobs through two workers beating every 5 ms: the database counts no deadlock.
 
@@ -91,7 +101,12 @@ def test_a_drain_with_a_fast_heartbeat_has_no_deadlock(worker):
     for proc in procs:
         assert proc.wait(timeout=120) == 0, proc.output()[-3000:]
     assert Job.objects.filter(status="succeeded").count() == 3000
-    time.sleep(1.0)  # backends flush their statistics as they exit
+    wait_for(
+        lambda: _other_sessions() == 0,
+        timeout=10,
+        interval=0.02,
+        message="the workers' backends to exit, their statistics flushed",
+    )
     assert _deadlocks() == before, "deadlock detected during the drain"
     for proc in procs:
         assert "deadlock" not in proc.output()

@@ -1,11 +1,11 @@
 """An operation's own database errors count against its attempts; only an outage does not.
 
-Issue 13, defect 5: every ``OperationalError`` raised inside an operation
-was taken for an outage, so the job was requeued without counting the
-attempt, for ever (a statement timeout 27 times in 6 s; on SQLite "no such
-table" 22 times). Now only evidence that the database went away (SQLSTATE
-class 08 or 57P01-57P03, a connection psycopg marks broken, the worker's
-health check failing) is an outage, and outage requeues are capped by
+An ``OperationalError`` raised inside an operation (a statement timeout, on
+SQLite "no such table") is the operation's failure, not an outage: taken for
+one, the job would be requeued without counting the attempt, for ever. Only
+evidence that the database went away (SQLSTATE class 08 or 57P01-57P03, a
+connection psycopg marks broken, the worker's health check failing) is an
+outage, and outage requeues are capped by
 ``MAX_OUTAGE_REQUEUES``, each one a ``job.outage_requeue`` in the timeline.
 """
 

@@ -1,4 +1,4 @@
-"""A poison operation hurts only its own job (issue 27 §2, CONTRACT.md).
+"""A poison operation hurts only its own job (CONTRACT.md).
 
 Each case runs in a real ``runworker`` process beside healthy jobs: the poison
 job ends ``failed`` with a reason naming the cause (or, for the documented

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 RATE = 5.0
 WINDOW_SECONDS = 10.0
-# Skip the start-up burst (a full bucket of max(1, rate) jobs) before the window opens.
-SETTLE_SECONDS = 1.5
+# The window opens once the start-up burst (a full bucket: max(1, rate) jobs) has started.
+BURST = max(1, int(RATE))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -79,7 +79,11 @@ def test_two_workers_start_the_rate_within_ten_percent_over_ten_seconds(worker):
     feeder = threading.Thread(target=feed)
     feeder.start()
     try:
-        time.sleep(SETTLE_SECONDS)
+        wait_for(
+            lambda: JobEvent.objects.filter(event="job.started", job__queue=queue).count() >= BURST,
+            timeout=30,
+            message="the start-up burst",
+        )
         cpu_before = [cpu_seconds(p.pid) for p in procs]
         window_start = timezone.now()
         time.sleep(WINDOW_SECONDS)

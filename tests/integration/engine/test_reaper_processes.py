@@ -17,7 +17,7 @@ from jobs.enqueue import enqueue
 from jobs.models import BatchMessage, Job, JobEvent, Worker
 from jobs.operations import registry
 from tests.conftest import wait_for
-from tests.integration.foundation.helpers import context, running
+from tests.factories import context, running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

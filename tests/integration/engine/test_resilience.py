@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -175,12 +174,24 @@ def test_a_deferral_reached_during_an_outage_is_stored_when_the_database_returns
     assert proc.popen.poll() is None, proc.output()
 
 
+def _listening() -> bool:
+    """The worker's listener session is up: it takes its liveness lock (advisory lock class
+    0x63706C76, ``workers.liveness``) right after ``LISTEN``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
+            " AND granted AND pid <> pg_backend_pid()",
+            [0x63706C76],
+        )
+        return cursor.fetchone()[0] > 0
+
+
 def test_notify_wakes_an_idle_worker_quickly(worker):
     _postgres_only()
     proc = worker(env={"CONTROLPLANE_POLL_SECONDS": "30"})
     warm = enqueue("ping")
-    wait_for(lambda: _status(warm) == "succeeded", timeout=40, message="listener up")
-    time.sleep(0.3)
+    wait_for(lambda: _status(warm) == "succeeded", timeout=40, message="the first claim")
+    wait_for(_listening, timeout=10, interval=0.02, message="the worker's listener up")
     job = enqueue("ping")
     wait_for(
         lambda: _status(job) == "succeeded", timeout=5, message="woken by NOTIFY, not the 30 s poll"

@@ -1,12 +1,11 @@
 """Stopping ``runworker`` with real signals: what is logged, what a second signal does, how long.
 
-Issue 13, defects 7 and 8:
-- when the grace ran out the worker logged ``job.cancelled`` for a job it
-  then requeued (the timeline said ``job.requeued``);
-- a second signal ``os._exit``-ed at once, leaving jobs running until their
-  leases expired and the Worker row behind, and nothing bounded the time
-  from the first signal to the exit (a clean-up blocked on the database
-  waited for ever).
+- when the grace runs out, the worker logs ``job.requeued`` for a job it
+  requeues (as the timeline says), never ``job.cancelled``;
+- a second signal does not ``os._exit`` at once (which would leave jobs
+  running until their leases expire, and the Worker row behind), and the
+  time from the first signal to the exit is bounded even when a clean-up
+  blocks on the database.
 
 Chosen behaviour (docs/operations-and-cli.md, "Stopping a worker"): a second SIGTERM/SIGINT ends
 the grace now, and the worker still requeues what runs and removes its row;

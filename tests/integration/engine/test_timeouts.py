@@ -1,4 +1,4 @@
-"""Per-job timeouts (issue 15): the worker fails a run past ``timeout_seconds`` with
+"""Per-job timeouts: the worker fails a run past ``timeout_seconds`` with
 ``JobTimeout``, frees its slot while the thread still runs, and nothing the thread
 does later overwrites the failure; the reaper is the backstop; ``--processes``
 replaces a child whose timed-out thread never looks.
@@ -27,7 +27,7 @@ from jobs.models import Job, JobEvent, Worker
 from jobs.timeouts import fail_overdue_jobs, time_out_job
 from jobs.transitions import complete_job, emit_event, fail_job
 from tests.conftest import wait_for
-from tests.integration.foundation.helpers import assert_consistent, unique_queue
+from tests.factories import assert_consistent, unique_queue
 from tests.integration.timelines import events_of
 
 pytestmark = pytest.mark.django_db(transaction=True)

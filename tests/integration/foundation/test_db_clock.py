@@ -22,7 +22,7 @@ from jobs.claims import Completion, claim_jobs, complete_jobs, extend_leases
 from jobs.models import Job, JobEvent
 from jobs.rescues import requeue_expired_leases
 from jobs.transitions import cancel_job, emit_event, fail_job
-from tests.integration.foundation.helpers import queued
+from tests.factories import queued
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

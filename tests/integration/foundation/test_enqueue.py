@@ -21,9 +21,8 @@ from jobs.exceptions import EnqueueError, UnknownOperation
 from jobs.models import Job, JobEvent
 from jobs.operations import Operation, discover_operations, operation, registry
 from jobs.transitions import complete_job
+from tests.factories import assert_consistent, claim, context, fresh, queued, timeline
 from tests.integration.timelines import timeline_of
-
-from .helpers import assert_consistent, claim, context, fresh, queued, timeline
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,7 @@ from django.db import close_old_connections, connection
 
 from jobs.models import Job, JobEvent
 from jobs.transitions import emit_event
-
-from .helpers import assert_consistent, running
+from tests.factories import assert_consistent, running
 
 pytestmark = pytest.mark.django_db
 

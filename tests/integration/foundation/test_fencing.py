@@ -15,8 +15,7 @@ from jobs.transitions import (
     requeue_job,
     retry_job_later,
 )
-
-from .helpers import assert_consistent, claim, context, fresh, refused, running, snapshot
+from tests.factories import assert_consistent, claim, context, fresh, refused, running, snapshot
 
 pytestmark = pytest.mark.django_db
 

@@ -23,8 +23,7 @@ from jobs.transitions import (
     retry_job,
     retry_job_later,
 )
-
-from .helpers import (
+from tests.factories import (
     assert_consistent,
     claim,
     context,

@@ -13,8 +13,7 @@ from jobs.models import Job
 from jobs.operations import registry
 from jobs.rescues import fail_timed_out, requeue_expired_leases
 from jobs.transitions import complete_job, defer_job, emit_event
-
-from .helpers import assert_consistent, claim, context, fresh, queued, running
+from tests.factories import assert_consistent, claim, context, fresh, queued, running
 
 pytestmark = pytest.mark.django_db
 
@@ -60,12 +59,12 @@ def test_jobs_of_a_gone_worker_are_rescued_even_with_a_valid_lease():
 def test_fail_timed_out_spares_jobs_with_recent_events():
     stalled, _ = running()
     lively, lively_held = running()
-    time.sleep(0.8)  # the stalled job's last event is now older than 0.7 s, always
+    time.sleep(0.4)  # the stalled job's last event is now older than 0.3 s, always
     emit_event(lively.pk, event="work.tick", lease_token=lively_held.lease_token)
     # Under the timeout nobody is touched, stalled or not.
     assert fail_timed_out(timeout_seconds=3600, stall_seconds=0) == []
 
-    assert fail_timed_out(timeout_seconds=0, stall_seconds=0.7) == [stalled.pk]
+    assert fail_timed_out(timeout_seconds=0, stall_seconds=0.3) == [stalled.pk]
     stalled = fresh(stalled)
     assert stalled.status == "failed" and stalled.error_code == "JobTimeout"
     assert assert_consistent(stalled)[-1][1] == "job.timeout"

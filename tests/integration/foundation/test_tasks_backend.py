@@ -15,8 +15,7 @@ from jobs.models import Job
 from jobs.operations import registry
 from jobs.tasks_backend import OPERATION, ControlPlaneTaskBackend
 from jobs.transitions import cancel_job, complete_job, fail_job
-
-from .helpers import assert_consistent, context, fresh, timeline
+from tests.factories import assert_consistent, context, fresh, timeline
 
 pytestmark = pytest.mark.django_db
 

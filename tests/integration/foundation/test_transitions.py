@@ -30,8 +30,7 @@ from jobs.transitions import (
     retry_job_later,
     retry_jobs,
 )
-
-from .helpers import (
+from tests.factories import (
     assert_consistent,
     cancelled,
     claim,

@@ -32,9 +32,8 @@ from jobs.transitions import (
     retry_jobs,
 )
 from jobs.uniqueness import UniqueKeyHeld
+from tests.factories import claim, fresh, refused, timeline, unique_queue
 from workers.reaper import delete_finished_jobs
-
-from .helpers import claim, fresh, refused, timeline, unique_queue
 
 pytestmark = pytest.mark.django_db
 

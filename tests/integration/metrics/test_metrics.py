@@ -1,4 +1,4 @@
-"""GET /metrics after real workloads, parsed with prometheus_client (issue 16).
+"""GET /metrics after real workloads, parsed with prometheus_client.
 
 Workers are real ``runworker --burst`` processes; the rollup runs as the
 reaper runs it (``reaper --once``) or through ``roll_up_metrics``. Every
@@ -31,14 +31,14 @@ from jobs.models import JobEvent, MetricCursor, MetricRollup, MetricTotal
 from jobs.schedules.services import create_schedule
 from jobs.selectors import job_events_after
 from jobs.transitions import cancel_job, complete_job, fail_job
-from tests.integration.api.conftest import assert_error_shape
-from tests.integration.foundation.helpers import (
+from tests.factories import (
     claim,
     failed,
     running,
     succeeded,
     unique_queue,
 )
+from tests.integration.api.conftest import assert_error_shape
 
 from .conftest import METRICS_KNOBS, Api, make_user, scrape, value
 
@@ -210,16 +210,16 @@ def test_concurrent_rollups_in_threads_count_every_event_once():
 
 
 def _retry_then_succeed(job, held) -> None:
-    """Fail the run with a 0.25 s backoff, run it again when due, and succeed."""
+    """Fail the run with a 0.1 s backoff, run it again 0.05 s after it is due, and succeed."""
     fail_job(
         job.pk,
         lease_token=held.lease_token,
         error_code="Flaky",
         error_message="again",
         retryable=True,
-        backoff_seconds=0.25,
+        backoff_seconds=0.1,
     )
-    time.sleep(0.3)  # the retry comes due
+    time.sleep(0.15)  # the subject: a wait counted from when the retry came due, not from 0
     again = claim(job)  # run_after and started_at now belong to the second run
     complete_job(job.pk, lease_token=again.lease_token, result=None)
 

@@ -22,7 +22,7 @@ from jobs.metrics.spans import (
     prune_metric_spans,
 )
 from jobs.models import Job, JobEvent, MetricRollup, MetricSpan
-from tests.integration.foundation.helpers import failed, succeeded, unique_queue
+from tests.factories import failed, succeeded, unique_queue
 
 pytestmark = pytest.mark.django_db
 

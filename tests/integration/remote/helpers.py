@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,12 +141,6 @@ def events_of(job_id: Any) -> list[str]:
     from tests.integration.timelines import events_of as read_events
 
     return read_events(job_id)
-
-
-def eventually(
-    predicate: Callable[[], object], timeout: float = 15.0, message: str = "condition"
-) -> Any:
-    return wait_for(predicate, timeout=timeout, interval=0.05, message=message)
 
 
 def elapsed(since: float) -> float:

@@ -10,8 +10,9 @@ import pytest
 from jobs.enqueue import enqueue
 from jobs.models import Job, JobEvent, Worker
 from jobs.transitions import cancel_job
+from tests.conftest import wait_for
 
-from .helpers import events_of, eventually, job_status
+from .helpers import events_of, job_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,6 +20,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def worker_id_of(client) -> str:
     out = client.wait_output("READY ")
     return out.split("READY ", 1)[1].split()[0]
+
+
+def pushed_and_idle(server, worker_id: str) -> bool:
+    """The server logged the worker's socket connected, then a claim answered after it (the
+    one a new socket prompts): from here on only a push makes the worker claim soon."""
+    log = server.proc.output()
+    connected = log.find(f'"WSCONNECT /ws/workers/{worker_id}"')
+    return connected >= 0 and f'"POST /workers/{worker_id}/claim"' in log[connected:]
 
 
 def succeeded(job_id) -> Job | None:
@@ -35,21 +44,21 @@ def test_auto_serve_runs_jobs_end_to_end(start_client, server):
     flaky = enqueue("remote.flaky", {})
     broken = enqueue("remote.broken", {})
     for i, job in enumerate(jobs):
-        done = eventually(lambda job=job: succeeded(job.pk), message=f"job {i} to succeed")
+        done = wait_for(lambda job=job: succeeded(job.pk), message=f"job {i} to succeed")
         assert done.result == {"echo": f"hello {i}", "attempt": 1}
         assert (done.progress_current, done.progress_total) == (1, 1)
         assert events_of(job.pk) == ["job.enqueued", "job.started", "job.progress", "job.succeeded"]
     # A retryable failure comes back with backoff and succeeds on the next attempt.
-    done = eventually(lambda: succeeded(flaky.pk), message="the flaky job to succeed")
+    done = wait_for(lambda: succeeded(flaky.pk), message="the flaky job to succeed")
     assert done.result == {"attempt": 2}
     assert "job.retry_scheduled" in events_of(flaky.pk)
     # Any other exception fails the job with the exception's name and message.
-    eventually(lambda: job_status(broken.pk) == "failed", message="the broken job to fail")
+    wait_for(lambda: job_status(broken.pk) == "failed", message="the broken job to fail")
     broken.refresh_from_db()
     assert (broken.error_code, broken.error_message) == ("ValueError", "broken on purpose")
     # A result that is not JSON fails the job rather than leaving it to its lease.
     odd = enqueue("remote.broken", {"unserialisable": True})
-    eventually(lambda: job_status(odd.pk) == "failed", message="the odd result to fail")
+    wait_for(lambda: job_status(odd.pk) == "failed", message="the odd result to fail")
     assert Job.objects.get(pk=odd.pk).error_code == "InvalidResult"
     # SIGTERM: a graceful goodbye removes the worker.
     client.signal(signal.SIGTERM)
@@ -62,7 +71,7 @@ def test_deferred_result_and_cancellation_reach_the_client(start_client, server)
     client = start_client("--mode", "auto")
     worker_id_of(client)
     coordinator = enqueue("remote.deferred", {"finish_after": 3.0})
-    eventually(
+    wait_for(
         lambda: JobEvent.objects.filter(job=coordinator, event="job.deferred").exists(),
         message="the deferred result",
     )
@@ -71,7 +80,7 @@ def test_deferred_result_and_cancellation_reach_the_client(start_client, server)
     assert coordinator.lease_token is not None  # still held by the client
     # Its heartbeats keep the lease alive until the client finishes the job itself.
     leased = coordinator.leased_until
-    eventually(
+    wait_for(
         lambda: Job.objects.get(pk=coordinator.pk).leased_until > leased,
         message="a heartbeat to extend the deferred job's lease",
     )
@@ -79,7 +88,7 @@ def test_deferred_result_and_cancellation_reach_the_client(start_client, server)
     coordinator.refresh_from_db()
     assert (coordinator.status, coordinator.result) == ("succeeded", {"final": True})
     slow = enqueue("remote.slow", {"seconds": 30})
-    eventually(lambda: Job.objects.get(pk=slow.pk).progress_current >= 2, message="slow progress")
+    wait_for(lambda: Job.objects.get(pk=slow.pk).progress_current >= 2, message="slow progress")
     cancel_job(slow.pk, reason="operator")
     # The client hears of it (a refused emit or the heartbeat) and stops early;
     # nothing overwrites the cancellation.
@@ -121,7 +130,7 @@ def test_push_less_client_gets_every_job_by_polling(start_client, server):
         jobs.append(enqueue("remote.echo", {"text": str(i)}))
         time.sleep(0.1)
     for job in jobs:
-        eventually(lambda job=job: succeeded(job.pk), message="every job to succeed by polling")
+        wait_for(lambda job=job: succeeded(job.pk), message="every job to succeed by polling")
 
 
 def test_a_dropped_push_with_the_socket_up_is_covered_by_polling(start_client, server):
@@ -133,18 +142,23 @@ def test_a_dropped_push_with_the_socket_up_is_covered_by_polling(start_client, s
     worker_id_of(client)
     client.wait_output("PUSH UP")
     job = enqueue("remote.echo", {"text": "unannounced"})
-    eventually(lambda: succeeded(job.pk), timeout=10, message="polling to find the job")
+    wait_for(lambda: succeeded(job.pk), timeout=10, message="polling to find the job")
     assert "PUSH DROPPED" in client.output()
 
 
 def test_websocket_push_wakes_a_client_that_would_poll_slowly(start_client, server):
     # Polling every 60 s and no long-poll: only the push can make this fast.
     client = start_client("--mode", "auto", "--long-poll", "0", "--polling-interval", "60")
-    worker_id_of(client)
-    time.sleep(1.0)  # the socket is up and the first empty claim is behind us
+    worker_id = worker_id_of(client)
+    wait_for(
+        lambda: pushed_and_idle(server, worker_id),
+        timeout=10,
+        interval=0.02,
+        message="the socket up and the claim it prompts behind us",
+    )
     started = time.monotonic()
     job = enqueue("remote.echo", {"text": "pushed"})
-    eventually(lambda: succeeded(job.pk), timeout=10, message="the pushed job to succeed")
+    wait_for(lambda: succeeded(job.pk), timeout=10, message="the pushed job to succeed")
     assert time.monotonic() - started < 10
 
 
@@ -157,7 +171,7 @@ def test_manual_listen_stops_gracefully_on_a_signal(start_client, server, sig):
     job = enqueue("remote.slow", {"seconds": 1.5})
     # Its first progress report, not "running" (set at claim, before listen() yields it),
     # proves the job is in the client's hands.
-    eventually(
+    wait_for(
         lambda: Job.objects.get(pk=job.pk).progress_current >= 1,
         message="the slow job to report progress",
     )
@@ -172,7 +186,7 @@ def test_sigterm_mid_job_requeues_it_without_counting_the_attempt(start_client, 
     client = start_client("--mode", "auto", "--grace", "0.3")
     worker_id = worker_id_of(client)
     job = enqueue("remote.slow", {"seconds": 30})
-    eventually(lambda: job_status(job.pk) == "running", message="the slow job to start")
+    wait_for(lambda: job_status(job.pk) == "running", message="the slow job to start")
     client.signal(signal.SIGTERM)
     assert client.wait() == 0, client.output()
     job.refresh_from_db()
@@ -188,22 +202,22 @@ def test_killed_client_is_swept_and_its_job_runs_elsewhere(start_client, start_p
     client = start_client("--mode", "auto")
     worker_id = worker_id_of(client)
     job = enqueue("remote.slow", {"seconds": 30})
-    eventually(lambda: job_status(job.pk) == "running", message="the slow job to start")
+    wait_for(lambda: job_status(job.pk) == "running", message="the slow job to start")
     client.signal(signal.SIGKILL)
     client.wait()
     reaper = start_process("reaper", "--interval", "0.3")
-    eventually(
+    wait_for(
         lambda: not Worker.objects.filter(pk=worker_id).exists(),
         timeout=20,
         message="the reaper to sweep the silent worker",
     )
-    eventually(lambda: job_status(job.pk) == "queued", message="the job to be requeued")
+    wait_for(lambda: job_status(job.pk) == "queued", message="the job to be requeued")
     assert "job.lease_expired_requeue" in events_of(job.pk)
     reaper.signal(signal.SIGTERM)
     # A new client picks it up and finishes it.
     Job.objects.filter(pk=job.pk).update(payload={"seconds": 0.2})
     start_client("--mode", "auto")
-    eventually(lambda: succeeded(job.pk), message="the requeued job to succeed elsewhere")
+    wait_for(lambda: succeeded(job.pk), message="the requeued job to succeed elsewhere")
 
 
 def test_long_polling_client_gets_jobs_and_stops_promptly(start_client, server):
@@ -211,7 +225,7 @@ def test_long_polling_client_gets_jobs_and_stops_promptly(start_client, server):
     worker_id = worker_id_of(client)
     time.sleep(0.5)  # parked in a long-poll
     job = enqueue("remote.echo", {"text": "woken"})
-    eventually(lambda: succeeded(job.pk), timeout=5, message="the long-poll to hand the job over")
+    wait_for(lambda: succeeded(job.pk), timeout=5, message="the long-poll to hand the job over")
     started = time.monotonic()
     client.signal(signal.SIGTERM)
     assert client.wait() == 0, client.output()
@@ -226,10 +240,10 @@ def test_swept_client_registers_again_and_keeps_serving(start_client, server):
     client = start_client("--mode", "auto", "--long-poll", "2")
     first = worker_id_of(client)
     Worker.objects.filter(pk=first).delete()  # what the reaper does to a silent worker
-    eventually(
+    wait_for(
         lambda: Worker.objects.filter(name="test-client").exclude(pk=first).exists(),
         message="the client to register again",
     )
     assert "registering again" in client.output()
     job = enqueue("remote.echo", {"text": "after the sweep"})
-    eventually(lambda: succeeded(job.pk), message="the job to run on the new registration")
+    wait_for(lambda: succeeded(job.pk), message="the job to run on the new registration")

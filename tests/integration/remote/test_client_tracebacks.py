@@ -7,8 +7,9 @@ import pytest
 from jobs.enqueue import enqueue
 from jobs.failures import fingerprint
 from jobs.models import JobEvent
+from tests.conftest import wait_for
 
-from .helpers import eventually, job_status
+from .helpers import job_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,7 +20,7 @@ def test_a_raising_operation_reports_its_traceback(start_client, server):
     broken = enqueue("remote.broken", {})
     odd = enqueue("remote.broken", {"unserialisable": True})
     for job in (broken, odd):
-        eventually(lambda job=job: job_status(job.pk) == "failed", message="the job to fail")
+        wait_for(lambda job=job: job_status(job.pk) == "failed", message="the job to fail")
     fields = JobEvent.objects.get(job_id=broken.pk, event="job.failed").fields
     trace = fields["traceback"]
     assert trace.startswith("Traceback (most recent call last):")

@@ -1,10 +1,9 @@
-"""Lease tokens are honoured only from the account whose worker claimed the job (issue 13, #6).
+"""Lease tokens are honoured only from the account whose worker claimed the job.
 
-Before, any account with ``controlplane.run_remote_jobs`` that learned a token (a log
-line, a proxy) could emit to, complete or fail someone else's job, or keep
-its lease alive. Now such a call is a 403 in the one error shape and changes
-nothing; the owner keeps working as before, and a stale token still gets
-409 from anyone.
+An account with ``controlplane.run_remote_jobs`` that learned a token (a log line, a
+proxy) cannot emit to, complete or fail someone else's job, or keep its lease
+alive: such a call is a 403 in the one error shape and changes nothing; the owner
+keeps working as before, and a stale token still gets 409 from anyone.
 """
 
 from __future__ import annotations

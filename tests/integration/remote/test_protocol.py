@@ -13,8 +13,9 @@ from jobs.enqueue import enqueue
 from jobs.exceptions import EnqueueError
 from jobs.models import Job, RemoteOperation, Worker
 from jobs.transitions import cancel_job
+from tests.conftest import wait_for
 
-from .helpers import ECHO, OTHER, events_of, eventually, job_status, register
+from .helpers import ECHO, OTHER, events_of, job_status, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -141,9 +142,7 @@ def test_fail_retryable_backs_off_then_fails_for_good(api, server):
     job.refresh_from_db()
     assert job.status == "queued" and job.run_after > job.created_at and job.error_code == "Boom"
     assert events_of(job.pk)[-1] == "job.retry_scheduled"
-    second = eventually(
-        lambda: claim(api, worker["id"], wait=2), message="the retry to be claimable"
-    )
+    second = wait_for(lambda: claim(api, worker["id"], wait=2), message="the retry to be claimable")
     assert second[0]["attempt"] == 2
     r = api.post(
         f"/jobs/{job.pk}/fail",

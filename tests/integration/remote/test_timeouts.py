@@ -12,8 +12,9 @@ from controlplane_client import JobManager, TokenApi
 
 from jobs.enqueue import enqueue
 from jobs.models import Job, JobEvent
+from tests.conftest import wait_for
 
-from .helpers import ECHO, events_of, eventually, job_status, register
+from .helpers import ECHO, events_of, job_status, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +36,7 @@ def test_a_heartbeat_fails_a_held_job_past_its_timeout(api, server):
     first = heartbeat(api, worker["id"], held)
     assert first["held"] == [held["id"]] and first["timed_out"] == []
 
-    reply = eventually(
+    reply = wait_for(
         lambda: (r := heartbeat(api, worker["id"], held))["timed_out"] and r,
         message="a heartbeat past the deadline",
     )
@@ -73,8 +74,8 @@ def test_the_client_reports_cancelled_at_the_deadline_and_sends_no_late_result(s
         job = enqueue("remote.patient", {}, timeout_seconds=0.5)
         assert returned.wait(15), "the handler never saw its timeout"
         assert seen == {"cancelled": True, "reason": "timed_out"}
-        eventually(lambda: job_status(job.pk) == "failed", message="the heartbeat to fail it")
-        eventually(lambda: not manager.held(), message="the client to let go of it")
+        wait_for(lambda: job_status(job.pk) == "failed", message="the heartbeat to fail it")
+        wait_for(lambda: not manager.held(), message="the client to let go of it")
     finally:
         manager.disconnect()
     row = Job.objects.get(pk=job.pk)

@@ -11,9 +11,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from jobs.enqueue import enqueue
+from tests.conftest import wait_for
 from tests.integration.tracing.spans import installed, spans, traceparent  # noqa: F401 - fixture
 
-from .helpers import ECHO, eventually, job_status, register
+from .helpers import ECHO, job_status, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,8 +54,8 @@ def test_the_clients_run_span_continues_the_enqueuers_trace(server, token, spans
             ok = enqueue("remote.traced", {})
             bad = enqueue("remote.refused", {})
         assert done.wait(15), "the handler never ran"
-        eventually(lambda: job_status(ok.pk) == "succeeded", message="the success report")
-        eventually(lambda: job_status(bad.pk) == "failed", message="the failure report")
+        wait_for(lambda: job_status(ok.pk) == "succeeded", message="the success report")
+        wait_for(lambda: job_status(bad.pk) == "failed", message="the failure report")
     finally:
         manager.disconnect()
 

@@ -50,7 +50,8 @@ def test_socket_pushes_job_available_for_the_workers_queues(api, server, token):
     with open_socket(server, worker["id"], token=token) as ws:
         hello = next_message(ws, "hello")
         assert set(hello["queues"]) == {"remote", "default"}
-        time.sleep(0.3)  # let a polling relay take its first look
+        # The socket's queues are subscribed before ``hello``: a job enqueued from now on
+        # is announced (by NOTIFY, or by the SQLite relay's next look at the queues).
         enqueue("remote.echo", {"text": "x"})
         assert next_available(ws, "remote") == {"type": "job.available", "queue": "remote"}
         enqueue("remote.other", {})

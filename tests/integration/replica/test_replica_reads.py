@@ -18,9 +18,9 @@ from rest_framework.authtoken.models import Token
 
 from jobs import replica as routing
 from jobs.models import Job
+from tests.factories import claim, make_user, queued, unique_queue
 from tests.integration.api.conftest import ROLE_PERMISSIONS, Api
 from tests.integration.api.conftest import make_user as make_api_user
-from tests.integration.dashboard.helpers import claim, make_user, queued, unique_queue
 from tests.integration.web.conftest import start_serve
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "replica"])

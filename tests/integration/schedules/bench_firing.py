@@ -21,13 +21,13 @@ from jobs.clock import db_now
 from jobs.models import Schedule
 from jobs.schedules.firing import fire_due_schedules
 from jobs.schedules.services import create_schedule
-from tests.integration.foundation.helpers import unique_queue
+from tests.factories import unique_queue
 from workers.reaper import Reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 COUNT = int(os.environ.get("BENCH_SCHEDULES", "1000"))
-# Unbounded, to time the firing itself (before issue 27 §4 there was no budget).
+# Unbounded, to time the firing itself (versions without a budget take no argument).
 UNBOUNDED = {"budget": 0} if "budget" in inspect.signature(fire_due_schedules).parameters else {}
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from jobs.models import Job, Schedule, ScheduleFire
 from jobs.schedules.services import create_schedule
+from tests.factories import unique_queue
 from tests.integration.api.conftest import admin, api_for, operator, viewer  # noqa: F401
-from tests.integration.foundation.helpers import unique_queue
 
 
 @pytest.fixture

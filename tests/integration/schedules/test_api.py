@@ -11,8 +11,8 @@ from django.utils.dateparse import parse_datetime
 
 from jobs.models import Job, OperatorAction, Schedule
 from jobs.schedules.firing import fire_due_schedules
+from tests.factories import unique_queue
 from tests.integration.api.conftest import assert_error_shape
-from tests.integration.foundation.helpers import unique_queue
 
 from .conftest import jobs_of
 

@@ -1,4 +1,4 @@
-"""A crowd of due schedules and the firing budget (issue 27 §4).
+"""A crowd of due schedules and the firing budget.
 
 Firing is time-boxed (``SCHEDULE_FIRE_BUDGET_SECONDS``), most overdue first:
 a reaper pass with hundreds of due every-second schedules fires for its
@@ -26,7 +26,7 @@ from jobs.enqueue import enqueue
 from jobs.models import Job, Schedule, ScheduleFire, Worker
 from jobs.schedules.firing import FireTimer, fire_due_schedules
 from jobs.schedules.services import create_schedule
-from tests.integration.foundation.helpers import unique_queue
+from tests.factories import unique_queue
 from workers.reaper import Reaper
 
 TINY = 0.000001  # one slot per call

@@ -20,7 +20,7 @@ from jobs.schedules.firing import fire_due_schedules
 from jobs.schedules.services import create_schedule, pause_schedule
 from jobs.transitions import complete_job
 from tests.conftest import wait_for
-from tests.integration.foundation.helpers import unique_queue
+from tests.factories import unique_queue
 from workers.reaper import Reaper, delete_finished_jobs
 
 from .conftest import fires, jobs_of

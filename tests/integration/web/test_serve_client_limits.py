@@ -1,7 +1,7 @@
 """``manage.py serve`` drops clients that hold a connection without sending a request
 (idle, or a head trickled byte by byte), while normal requests, keep-alive and slow
 bodies are untouched; a WebSocket message over ``MAX_WEBSOCKET_MESSAGE_BYTES`` closes
-its socket with 1009 (issue 27 §4)."""
+its socket with 1009."""
 
 from __future__ import annotations
 
