@@ -253,3 +253,19 @@ def test_run_at_once_records_failures_as_a_worker_does(database):
     with run_jobs_at_once():
         job = enqueue("fail", {"message": "nope"})
     assert fresh(job).status == "failed"
+
+
+def test_run_at_once_ends_with_its_block_even_when_the_block_raises(database):
+    with pytest.raises(RuntimeError), run_jobs_at_once():
+        enqueue("ping")
+        raise RuntimeError("the test's own error")
+    assert fresh(enqueue("ping")).status == "queued"
+
+
+def test_run_at_once_runs_nothing_for_a_duplicate_of_a_held_unique_key(database):
+    held = enqueue("ping", unique_key="only-one")
+    with run_jobs_at_once() as result:
+        again = enqueue("ping", unique_key="only-one", queue="other")
+    assert again.duplicate and again.pk == held.pk
+    assert result.runs == []
+    assert fresh(held).status == "queued"
