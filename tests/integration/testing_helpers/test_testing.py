@@ -8,6 +8,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.test import TestCase
 
 from django_controlplane.testing import (
     TEST_WORKER_ID,
@@ -269,3 +270,17 @@ def test_run_at_once_runs_nothing_for_a_duplicate_of_a_held_unique_key(database)
     assert again.duplicate and again.pk == held.pk
     assert result.runs == []
     assert fresh(held).status == "queued"
+
+
+class DjangoTestCaseUse(TestCase):
+    """The same helpers from a plain ``django.test.TestCase``, as a host's suite may be written."""
+
+    def test_assert_drain_and_run_at_once(self):
+        job = enqueue(PARENT, {"children": 1})
+        assert_enqueued(PARENT, payload={"children": 1})
+        result = drain_jobs()
+        self.assertEqual(result.counts, {"succeeded": 2})
+        self.assertEqual(fresh(job).status, "succeeded")
+        with run_jobs_at_once():
+            pinged = enqueue("ping")
+        self.assertEqual(fresh(pinged).result, {"pong": True})
