@@ -69,7 +69,7 @@ def test_auto_serve_runs_jobs_end_to_end(start_client, server):
 
 def test_deferred_result_and_cancellation_reach_the_client(start_client, server):
     client = start_client("--mode", "auto")
-    worker_id_of(client)
+    worker_id = worker_id_of(client)
     coordinator = enqueue("remote.deferred", {"finish_after": 3.0})
     wait_for(
         lambda: JobEvent.objects.filter(job=coordinator, event="job.deferred").exists(),
@@ -90,10 +90,17 @@ def test_deferred_result_and_cancellation_reach_the_client(start_client, server)
     slow = enqueue("remote.slow", {"seconds": 30})
     wait_for(lambda: Job.objects.get(pk=slow.pk).progress_current >= 2, message="slow progress")
     cancel_job(slow.pk, reason="operator")
-    # The client hears of it (a refused emit or the heartbeat) and stops early;
-    # nothing overwrites the cancellation.
+    # The client hears of it (a refused emit or the heartbeat) and stops early: it logs the
+    # stop or the refused report, and is done with the job. Its next heartbeat does not
+    # overwrite the cancellation either.
     client.wait_output(f"job {slow.pk}")
-    time.sleep(0.5)
+    seen = len(server.proc.output())
+    wait_for(
+        lambda: f'"PATCH /workers/{worker_id}"' in server.proc.output()[seen:],
+        timeout=10,
+        interval=0.02,
+        message="a heartbeat after the client let the job go",
+    )
     assert job_status(slow.pk) == "cancelled"
     assert events_of(slow.pk)[-1] == "job.cancelled"
 
