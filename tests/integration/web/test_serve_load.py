@@ -58,12 +58,14 @@ class PeakConnections:
             connections.close_all()
 
     def __enter__(self) -> PeakConnections:
-        self._thread.start()
+        if connection.vendor == "postgresql":  # SQLite has no server connections to count
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._thread.join(10)
 
 
 async def hammer(url: str, token: str, job_id: str, clients: int, per_client: int) -> Counter:
