@@ -168,12 +168,16 @@ def psycopg_floor(n: int, batch: int) -> tuple[float, float]:
     from jobs.enqueue import JobSpec
     from jobs.enqueue_statement import statement
 
+    try:  # the row builder's home since enqueue was split; before, private names in enqueue
+        from jobs.job_spec import SpecBatch, prepare_row
+    except ImportError:
+        SpecBatch, prepare_row = module._Batch, module._prepare  # an older --project
     now = timezone.now()
     docs = []
     for start in range(0, n, batch):
-        memo = module._Batch(1 << 20, now, min(batch, n - start))
+        memo = SpecBatch(1 << 20, now, min(batch, n - start))
         rows = [
-            module._prepare(JobSpec("ping", {}, queue=QUEUE), memo)[0]
+            prepare_row(JobSpec("ping", {}, queue=QUEUE), memo)[0]
             for _ in range(min(batch, n - start))
         ]
         docs.append(statement(rows, now))

@@ -34,7 +34,6 @@ from typing import Any
 from django.db import transaction
 from django.db.models.base import ModelState
 
-from jobs import ids, payload_json
 from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
@@ -246,12 +245,3 @@ def _job_template(now: datetime) -> dict[str, Any]:
             },
         )
     return _template[1]
-
-
-# Names measured by bench/enqueue.py and tests/unit/test_enqueue_encoding.py
-# under their former homes here.
-new_job_ids = ids.new_job_ids
-_Batch = SpecBatch
-_prepare = prepare_row
-_dumps = payload_json.dumps
-_encode_payload = payload_json.encode_payload

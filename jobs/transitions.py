@@ -222,10 +222,6 @@ def rewrite(
     )
 
 
-# The name the engine tests knew the primitive by.
-_move = move
-
-
 def _write(
     *,
     status: Status | None,

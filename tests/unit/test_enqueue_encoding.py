@@ -9,7 +9,9 @@ import uuid
 
 import pytest
 
-from jobs.enqueue import _dumps, _encode_payload, new_job_ids
+from jobs.ids import new_job_ids
+from jobs.payload_json import dumps as _dumps
+from jobs.payload_json import encode_payload as _encode_payload
 
 LIMIT = 1 << 20
 

@@ -35,7 +35,10 @@ def test_a_500_is_logged_with_the_request_id_it_answers(viewer, monkeypatch, cap
     assert lines[0].levelno == logging.ERROR and "GET /queues" in lines[0].getMessage()
     assert lines[0].exc_info and "secret internal detail" in str(lines[0].exc_info[1])
     # The line reaches a handler that writes it (the console), not only the test's capture.
-    assert any(isinstance(h, logging.StreamHandler) for h in logging.getLogger("django_controlplane").handlers)
+    assert any(
+        isinstance(h, logging.StreamHandler)
+        for h in logging.getLogger("django_controlplane").handlers
+    )
 
 
 def test_a_client_request_id_is_kept(viewer, monkeypatch, caplog):

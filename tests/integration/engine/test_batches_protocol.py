@@ -198,7 +198,7 @@ def test_cancelled_ancestor_is_found_at_any_depth():
     leaf = queued(parent=middle.pk)
     assert not has_cancelled_ancestor(leaf.pk)
     # Cancel the root alone, bypassing the cascade, as if the children were claimed in between.
-    transitions._move(
+    transitions.move(
         target=transitions.CANCELLED,
         job_ids=[root.pk],
         event=transitions.Event("job.cancelled"),

@@ -179,7 +179,7 @@ def test_child_of_a_cancelled_parent_is_cancelled_at_claim(worker):
     parent = enqueue("sleep", {"seconds": 30}, queue="parents")
     child = enqueue("ping", parent=parent.pk)
     # Cancel the parent alone, bypassing the cascade, as if the child were claimed in between.
-    transitions._move(
+    transitions.move(
         target=transitions.CANCELLED,
         job_ids=[parent.pk],
         event=transitions.Event("job.cancelled"),

@@ -104,7 +104,7 @@ def test_retention_over_several_batches_with_the_purge(start_process):
     # A coordinator that timed out left its 10 batch messages behind; a running one keeps its own.
     gone, gone_held = running("fanout", payload={"batches": 10})
     registry.get("fanout").execute(context(gone_held), gone_held.payload)
-    transitions._move(
+    transitions.move(
         target=transitions.FAILED,
         job_ids=[gone.pk],
         event=transitions.Event("job.timeout", level="error"),
