@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from dashboard.conf import setting
 from dashboard.selectors import LIST_FIELDS, STATES
+from jobs.events import JOB_FAILED, JOB_RETRY_SCHEDULED, JOB_STARTED, JOB_TIMEOUT
 from jobs.models import EventLevel, Job, JobEvent, Worker
 from jobs.selectors import job_events_after
 from jobs.selectors.counts import CountResult, capped_count
@@ -51,7 +52,7 @@ def progress_of(job: Job, now: datetime | None = None) -> Progress | None:
 
 # Events whose fields carry a failure's traceback and fingerprint (``jobs.failures``;
 # a worker's ``job.timeout`` keeps the stack of the run at its deadline).
-FAILURE_EVENTS = ("job.failed", "job.retry_scheduled", "job.timeout")
+FAILURE_EVENTS = (JOB_FAILED, JOB_RETRY_SCHEDULED, JOB_TIMEOUT)
 # How far back from a job's last event its failure is looked for: a failure is
 # its last event unless a later attempt runs, and the scan stays bounded then.
 FAILURE_LOOKBACK = 1000
@@ -163,7 +164,7 @@ def job_detail(job_id: uuid.UUID | str) -> JobDetail | None:
 # Levels from least to most severe: a filter at one level shows it and those after it.
 LEVELS: tuple[str, ...] = tuple(EventLevel.values)
 # Each claim writes this event: it begins an attempt, and heads it on the timeline.
-ATTEMPT_EVENT = "job.started"
+ATTEMPT_EVENT = JOB_STARTED
 PROGRESS_PREFIX = "_progress_"
 
 

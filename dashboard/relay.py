@@ -42,10 +42,10 @@ from dashboard import render, selectors
 from dashboard.conf import setting
 from dashboard.cursor import EventCursor, NewJobCursor, max_event_id
 from django_controlplane.web.listener import listener
+from jobs.events import JOB_ENQUEUED
 from jobs.models import Job
 from jobs.selectors import JobFilters
 from jobs.selectors.timeouts import bounded_reads
-from jobs.timeline import ENQUEUED_EVENT
 from jobs.wakeups import NOTIFY_CHANNEL as WAKEUP_CHANNEL
 
 log = logging.getLogger("dashboard.relay")
@@ -263,7 +263,7 @@ class Relay:
         enqueued: dict[uuid.UUID, None] = dict.fromkeys(new)
         for _, job_id, seq, name in rows:
             jobs[job_id] = max(seq, jobs.get(job_id, 0))
-            if name == ENQUEUED_EVENT:
+            if name == JOB_ENQUEUED:
                 enqueued[job_id] = None
         return Changes(jobs=jobs, enqueued=list(enqueued), full=full)
 

@@ -22,13 +22,15 @@ from django.utils import timezone
 
 from dashboard.conf import setting
 from jobs.dialect import dialect
+from jobs.events import RECLAIM_EVENTS
 from jobs.failures import FINGERPRINT_MESSAGE_CHARS, fingerprint
-from jobs.models import RECLAIM_EVENTS, BatchMessage, Job, JobEvent, Queue, QueueKind, Worker
+from jobs.models import BatchMessage, Job, JobEvent, Queue, QueueKind, Worker
 from jobs.replica import read_connection
 from jobs.selectors import JobCursor, JobFilters, after_cursor
 from jobs.selectors.counts import CountResult, capped_count, count_cap
 from jobs.selectors.workers import live_worker_ids, stale_before
 from jobs.states import FAILED, QUEUED, RUNNING, SUCCEEDED, Status
+from jobs.tables import JOB_TABLE
 from jobs.waiting import has_run, waiting_of
 
 STATES: tuple[str, ...] = tuple(s.value for s in Status)
@@ -130,9 +132,9 @@ def queue_names(limit: int = 1000) -> list[str]:
     """
     sql = (
         "WITH RECURSIVE q(name, n) AS ("
-        " SELECT MIN(queue), 1 FROM controlplane_job"
+        f" SELECT MIN(queue), 1 FROM {JOB_TABLE}"
         " UNION ALL"
-        " SELECT (SELECT MIN(queue) FROM controlplane_job WHERE queue > q.name), n + 1"
+        f" SELECT (SELECT MIN(queue) FROM {JOB_TABLE} WHERE queue > q.name), n + 1"
         " FROM q WHERE q.name IS NOT NULL AND n < %s"
         ") SELECT name FROM q WHERE name IS NOT NULL"
     )
@@ -152,7 +154,7 @@ def queue_state_counts(names: Sequence[str]) -> dict[str, dict[str, CountResult]
     for name in names:
         for state in STATES:
             parts.append(
-                "SELECT %s, %s, (SELECT COUNT(*) FROM (SELECT 1 FROM controlplane_job"
+                f"SELECT %s, %s, (SELECT COUNT(*) FROM (SELECT 1 FROM {JOB_TABLE}"
                 " WHERE queue = %s AND status = %s LIMIT %s) AS t)"
             )
             params += [name, state, name, state, limit + 1]

@@ -27,5 +27,25 @@ JOB_PROGRESS = "job.progress"  # an operation's progress report (JobContext.prog
 BATCH_DISPATCHED = "batch.dispatched"  # a coordinator handed its batches out (jobs.batches)
 BATCH_WRITTEN = "batch.written"  # one batch's output written to its parent (jobs.batches)
 
+# The engine's own moves: names a remote worker may not write (it would forge a transition).
+TRANSITION_EVENTS = frozenset(
+    {
+        JOB_ENQUEUED,
+        JOB_STARTED,
+        JOB_SUCCEEDED,
+        JOB_FAILED,
+        JOB_CANCELLED,
+        JOB_RETRY_LATER,
+        JOB_RETRY_SCHEDULED,
+        JOB_DEFERRED,
+        JOB_REQUEUED,
+        JOB_LEASE_EXPIRED_REQUEUE,
+        JOB_LEASE_EXPIRED,
+        JOB_OUTAGE_REQUEUE,
+        JOB_TIMEOUT,
+        JOB_RETRIED,
+    }
+)
+
 # Rescues of a job its worker no longer held: the reaper's and the timeouts'.
 RECLAIM_EVENTS = (JOB_LEASE_EXPIRED_REQUEUE, JOB_LEASE_EXPIRED, JOB_TIMEOUT)

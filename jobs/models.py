@@ -15,7 +15,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.events import RECLAIM_EVENTS  # noqa: F401  (imported from here by the dashboard)
+from jobs.events import RECLAIM_EVENTS
 from jobs.states import ACTIVE, TERMINAL, Status, TextChoices
 from jobs.uniqueness import HOLDS_KEY, UniqueWhile
 

@@ -24,8 +24,6 @@ from jobs.models import Job
 from jobs.states import QUEUED
 from jobs.transitions import Event, Moved, notify_job_queues, rewrite
 
-RUN_NOW_EVENT = JOB_RUN_NOW
-
 
 class NotWaiting(ControlPlaneError):
     """The job is not queued for a later time, so there is nothing to bring forward."""
@@ -76,7 +74,7 @@ def run_job_now(
             where="run_after > %s",
             where_params=[dialect(using).ts(now)],
             assign={"run_after": now},
-            event=Event(RUN_NOW_EVENT, message=reason or "", fields=fields),
+            event=Event(JOB_RUN_NOW, message=reason or "", fields=fields),
             at=now,
             using=using,
         )

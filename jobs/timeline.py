@@ -27,8 +27,6 @@ from datetime import datetime
 from jobs.events import JOB_ENQUEUED
 from jobs.models import EventLevel, JobEvent
 
-ENQUEUED_EVENT = JOB_ENQUEUED
-
 
 def enqueued_event(job_id: uuid.UUID, created_at: datetime) -> JobEvent:
     """The implied first event of the job (unsaved: ``id`` is None)."""
@@ -36,7 +34,7 @@ def enqueued_event(job_id: uuid.UUID, created_at: datetime) -> JobEvent:
         job_id=job_id,
         seq=1,
         ts=created_at,
-        event=ENQUEUED_EVENT,
+        event=JOB_ENQUEUED,
         level=EventLevel.INFO,
         message="",
         fields={},

@@ -36,7 +36,6 @@ from jobs.tables import JOB_TABLE
 from jobs.transitions import CLEAR_LEASE, Event, Moved, move, move_one
 
 TIMEOUT_ERROR_CODE = "JobTimeout"
-TIMEOUT_EVENT = JOB_TIMEOUT
 
 
 def timeout_message(timeout_seconds: float) -> str:
@@ -59,7 +58,7 @@ def _changes(
         "timeout_seconds": timeout_seconds,
         "by": by,
     }
-    event = Event(TIMEOUT_EVENT, level="error", message=message, fields=fields)
+    event = Event(JOB_TIMEOUT, level="error", message=message, fields=fields)
     return event, {**error, **CLEAR_LEASE, "finished_at": Now()}
 
 

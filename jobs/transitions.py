@@ -523,7 +523,6 @@ def retry_job_later(
     )
 
 
-OUTAGE_REQUEUE_EVENT = events.JOB_OUTAGE_REQUEUE
 OUTAGE_ERROR_CODE = "DatabaseUnavailable"
 
 OUTAGE_REQUEUES_SPENT_SQL = (
@@ -541,7 +540,7 @@ def outage_requeues_spent(job_id: uuid.UUID, *, using: str = "default") -> int:
     d = dialect(using)
     with connections[using].cursor() as cursor:
         cursor.execute(
-            OUTAGE_REQUEUES_SPENT_SQL, [d.uuid(job_id), OUTAGE_REQUEUE_EVENT, d.uuid(job_id)]
+            OUTAGE_REQUEUES_SPENT_SQL, [d.uuid(job_id), events.JOB_OUTAGE_REQUEUE, d.uuid(job_id)]
         )
         return int(cursor.fetchone()[0])
 
@@ -593,7 +592,7 @@ def requeue_after_outage(
             sources=(RUNNING,),  # never resurrect a cancelled or failed job
             lease_token=lease_token,
             event=Event(
-                OUTAGE_REQUEUE_EVENT,
+                events.JOB_OUTAGE_REQUEUE,
                 level="warning",
                 message=(
                     f"The database became unavailable during the run ({cause}); "

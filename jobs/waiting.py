@@ -33,12 +33,11 @@ from jobs.states import QUEUED
 SCHEDULED = "scheduled"
 RETRYING = "retrying"
 KINDS = (SCHEDULED, RETRYING)
-STARTED_EVENT = JOB_STARTED
 
 
 def has_run() -> Exists:
     """Whether the outer job has ever been claimed (an annotation or a filter)."""
-    return Exists(JobEvent.objects.filter(job_id=OuterRef("pk"), event=STARTED_EVENT))
+    return Exists(JobEvent.objects.filter(job_id=OuterRef("pk"), event=JOB_STARTED))
 
 
 def _ran() -> Q:
@@ -84,7 +83,7 @@ def waiting_of(job: Any, now: datetime | None = None) -> Waiting | None:
     if not ran:
         ran = getattr(job, "has_run", None)
         if ran is None:
-            ran = JobEvent.objects.filter(job_id=job.pk, event=STARTED_EVENT).exists()
+            ran = JobEvent.objects.filter(job_id=job.pk, event=JOB_STARTED).exists()
     due = job.run_after <= now
     if not ran and due:
         return None

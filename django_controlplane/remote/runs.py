@@ -30,6 +30,7 @@ from django_controlplane.remote.workers import get_remote_worker, held_by_other_
 from jobs.claims import ClaimedJob, Runner, claim_jobs
 from jobs.clock import db_now
 from jobs.conf import knob
+from jobs.events import TRANSITION_EVENTS
 from jobs.exceptions import UnstorableValue
 from jobs.models import Job, Queue, QueueKind, Worker
 from jobs.rate_limits import TokenWaits, claim_rate_limited
@@ -42,24 +43,7 @@ MAX_WAIT_SECONDS = 30.0
 MAX_CLAIM_LIMIT = 100
 
 # Names only the engine writes: a remote worker may not forge its transitions.
-RESERVED_EVENTS = frozenset(
-    {
-        "job.enqueued",
-        "job.started",
-        "job.succeeded",
-        "job.failed",
-        "job.cancelled",
-        "job.retry_later",
-        "job.retry_scheduled",
-        "job.deferred",
-        "job.requeued",
-        "job.lease_expired_requeue",
-        "job.lease_expired",
-        "job.outage_requeue",
-        "job.timeout",
-        "job.retried",
-    }
-)
+RESERVED_EVENTS = TRANSITION_EVENTS
 LEVELS = ("info", "warning", "error")
 # ``_progress_current``/``_progress_total`` land in integer columns (32-bit on
 # PostgreSQL); a value outside them was a 500 there.

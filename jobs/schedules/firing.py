@@ -56,11 +56,11 @@ from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.enqueue import enqueue
+from jobs.events import JOB_ENQUEUED
 from jobs.exceptions import EnqueueError
 from jobs.models import CatchUp, EventLevel, Job, JobEvent, Overlap, Schedule, ScheduleFire
 from jobs.schedules.timing import Timing, TimingError
 from jobs.states import ACTIVE
-from jobs.timeline import ENQUEUED_EVENT
 
 log = logging.getLogger("jobs.schedules")
 
@@ -258,7 +258,7 @@ def enqueue_for(schedule: Schedule, fire_at: datetime, *, fire_id: int | None = 
     d = dialect()
     if fire_id is None or not d.postgres:
         JobEvent.objects.create(
-            job_id=job.pk, seq=1, ts=job.created_at, event=ENQUEUED_EVENT, fields=fields
+            job_id=job.pk, seq=1, ts=job.created_at, event=JOB_ENQUEUED, fields=fields
         )
         if fire_id is not None:
             ScheduleFire.objects.filter(pk=fire_id).update(job=job)
@@ -275,7 +275,7 @@ def enqueue_for(schedule: Schedule, fire_at: datetime, *, fire_id: int | None = 
                 fire_id,
                 d.uuid(job.pk),
                 d.ts(job.created_at),
-                ENQUEUED_EVENT,
+                JOB_ENQUEUED,
                 EventLevel.INFO.value,
                 d.json(fields),
             ],

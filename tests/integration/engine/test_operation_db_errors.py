@@ -21,10 +21,10 @@ from django.db import OperationalError, connection, transaction
 from jobs.claims import ClaimedJob, claim_jobs
 from jobs.conf import knob
 from jobs.enqueue import enqueue
+from jobs.events import JOB_OUTAGE_REQUEUE
 from jobs.models import Job, JobEvent
 from jobs.transitions import (
     OUTAGE_ERROR_CODE,
-    OUTAGE_REQUEUE_EVENT,
     outage_requeues_spent,
     requeue_after_outage,
     retry_job,
@@ -128,11 +128,11 @@ def test_a_killed_session_requeues_the_job_without_counting_then_it_succeeds(wor
     assert _events(job) == [
         "job.enqueued",
         "job.started",
-        OUTAGE_REQUEUE_EVENT,
+        JOB_OUTAGE_REQUEUE,
         "job.started",
         "job.succeeded",
     ]
-    requeue = JobEvent.objects.get(job_id=job.pk, event=OUTAGE_REQUEUE_EVENT)
+    requeue = JobEvent.objects.get(job_id=job.pk, event=JOB_OUTAGE_REQUEUE)
     assert requeue.level == "warning"
     assert "terminating connection due to administrator command" in requeue.fields["cause"]
     assert requeue.fields["outage_requeues"] == 1 and requeue.fields["max_outage_requeues"] == 2
@@ -156,13 +156,13 @@ def test_outage_requeues_are_capped_with_backoff_then_the_job_fails_naming_the_c
     assert _events(job) == [
         "job.enqueued",
         "job.started",
-        OUTAGE_REQUEUE_EVENT,
+        JOB_OUTAGE_REQUEUE,
         "job.started",
-        OUTAGE_REQUEUE_EVENT,
+        JOB_OUTAGE_REQUEUE,
         "job.started",
         "job.failed",
     ]
-    requeues = JobEvent.objects.filter(job_id=job.pk, event=OUTAGE_REQUEUE_EVENT).order_by("seq")
+    requeues = JobEvent.objects.filter(job_id=job.pk, event=JOB_OUTAGE_REQUEUE).order_by("seq")
     base = float(FAST_KNOBS["CONTROLPLANE_RETRY_BACKOFF_SECONDS"])  # what the worker ran with
     for number, event in enumerate(requeues, start=1):
         assert event.fields["outage_requeues"] == number
@@ -224,7 +224,7 @@ def test_a_budget_of_zero_fails_at_the_first_outage():
         job.pk, lease_token=held.lease_token, cause="X: gone", max_requeues=0, backoff=lambda n: 1
     )
     assert status == "failed"
-    assert OUTAGE_REQUEUE_EVENT not in _events(job)
+    assert JOB_OUTAGE_REQUEUE not in _events(job)
 
 
 def test_the_cap_is_a_knob(monkeypatch, settings):
