@@ -38,6 +38,14 @@ DEFAULTS: dict[str, Any] = {
     "SHUTDOWN_CLEANUP_SECONDS": 5.0,
     "RETRY_BACKOFF_SECONDS": 2.0,
     "RETRY_BACKOFF_MAX_SECONDS": 3600.0,
+    # The rest of the default retry policy (jobs.retry_policy): each delay is cut by up
+    # to RETRY_JITTER of itself; RETRY_STRATEGY is exponential, linear or constant. A job
+    # may ask to run later (RetryLaterError) RETRY_LATER_MAX times, and, when
+    # RETRY_LATER_MAX_SECONDS is above 0, until that long after it was enqueued.
+    "RETRY_JITTER": 0.5,
+    "RETRY_STRATEGY": "exponential",
+    "RETRY_LATER_MAX": 100,
+    "RETRY_LATER_MAX_SECONDS": 0.0,
     "DB_RETRY_INITIAL_SECONDS": 0.5,
     "DB_RETRY_MAX_SECONDS": 30.0,
     # Runs of one job cut short by a database outage that are requeued without
@@ -49,6 +57,11 @@ DEFAULTS: dict[str, Any] = {
     "REAPER_STALL_SECONDS": 1800.0,
     "MAX_LEASE_REQUEUES": 3,
     "RETENTION_DAYS": 7.0,
+    # Retention by final status and by queue (jobs.retention), in days:
+    # {"succeeded": 1, "failed": 30}; {"reports": {"succeeded": 0.5}} (a number: every
+    # status). A queue's retention set on the dashboard's queues page wins over these.
+    "RETENTION_DAYS_BY_STATUS": {},
+    "QUEUE_RETENTION_DAYS": {},
     "RETENTION_BATCH_SIZE": 1000,
     # PostgreSQL: the events table is partitioned by job id, one partition per
     # EVENT_PARTITION_HOURS of job creation, made EVENT_PARTITIONS_AHEAD periods

@@ -43,6 +43,9 @@ class Queue(models.Model):
     # by claims under the queue row's lock (jobs.claims).
     rate_tokens = models.FloatField(default=0)
     rate_refilled_at = models.DateTimeField(null=True, blank=True)
+    # Days finished jobs of this queue are kept, by status ({"succeeded": 0.5}; "*": any
+    # other status), set by an operator (jobs.retention); NULL: the settings' retention.
+    retention_days = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -146,6 +149,12 @@ class Job(models.Model):
     # The enqueuer's OpenTelemetry context ({"traceparent": …, "tracestate": …}),
     # the parent of each run's span (jobs.tracing); NULL when nothing was traced.
     trace_context = models.JSONField(null=True, blank=True)
+    # The job's own retry policy override, given at enqueue (jobs.retry_policy): backoff
+    # numbers and strategy; NULL: its operation's policy and the knobs.
+    retry_policy = models.JSONField(null=True, blank=True)
+    # How often the job asked to run later (RetryLaterError) since enqueue or an operator's
+    # retry: bounded by its policy's max_retry_later.
+    retry_laters = models.IntegerField(default=0, db_default=0)
     # Unique jobs (jobs.uniqueness): NULL, not "", when unkeyed; the partial
     # unique index job_unique_key_held covers only rows that hold their key.
     unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
