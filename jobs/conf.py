@@ -109,6 +109,19 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RESULT_BYTES": 1024 * 1024,
     "MAX_ERROR_MESSAGE_CHARS": 10_000,
     "MAX_EVENT_MESSAGE_CHARS": 10_000,
+    # Job logs (jobs.job_logs, workers.log_capture): what an operation logs (at
+    # JOB_LOG_LEVEL or above) and prints while it runs goes on its timeline as
+    # job.log events, flushed every JOB_LOG_FLUSH_SECONDS and when the run ends;
+    # per job at most MAX_RECORDS records and MAX_BYTES bytes, each message cut at
+    # MAX_MESSAGE_CHARS; past that one job.log_truncated event counts the rest.
+    # JOB_LOG_ECHO False: captured records and prints stay off the worker's output.
+    "JOB_LOG_CAPTURE": True,
+    "JOB_LOG_LEVEL": "INFO",
+    "JOB_LOG_ECHO": True,
+    "JOB_LOG_MAX_RECORDS": 10_000,
+    "JOB_LOG_MAX_BYTES": 1_000_000,
+    "JOB_LOG_MAX_MESSAGE_CHARS": 2_000,
+    "JOB_LOG_FLUSH_SECONDS": 1.0,
     "DASHBOARD_STATEMENT_TIMEOUT_MS": 5000,
     "COUNT_CAP": 10_000,
     # Read replica (jobs.replica, DATABASE_REPLICA_URL): dashboard pages, API lists and

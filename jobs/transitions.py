@@ -897,3 +897,80 @@ def emit_event(
             raise JobCancelled(job_id)
         raise error
     return rows[0][1]
+
+
+# --- a run's buffered events (its execution log) ------------------------------------
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """An event a run buffered: written ``age`` seconds after it happened."""
+
+    event: str
+    level: str
+    message: str
+    fields: dict[str, Any]
+    age: float = 0.0
+
+
+def append_run_events(
+    job_id: uuid.UUID,
+    run_events: Sequence[RunEvent],
+    *,
+    lease_token: uuid.UUID | None,
+    using: str = "default",
+) -> int:
+    """Append ``run_events`` (in order) to a job's timeline in one transaction; return
+    how many were written.
+
+    Seqs are taken as one block from the job row (``last_event_seq + n``) under
+    its row lock, so the timeline stays gap-free. Each event's ``ts`` is the
+    database's time less its ``age``. Fenced loosely: written while the job is
+    held with ``lease_token`` or held by nobody (the run's own tail after its
+    outcome); never into a later run's timeline (another token): 0 then.
+    Messages are stored as given (the caller caps them).
+    """
+    if not run_events:
+        return 0
+    d = dialect(using)
+    count = len(run_events)
+    now = None if d.postgres else timezone.now()
+    now_sql, now_params = d.now(at=now)
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {JOB_TABLE} SET last_event_seq = last_event_seq + %s, "
+            f"last_event_at = {now_sql} "
+            "WHERE id = %s AND (lease_token IS NULL OR lease_token = %s) "
+            "RETURNING id, last_event_seq",
+            [count, *now_params, d.uuid(job_id), d.uuid(lease_token)],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return 0
+        db_id, last = row
+        first = last - count + 1
+        # Every row takes the same placeholders: PostgreSQL's ts is the statement's
+        # time plus a (negative) interval, SQLite's this process's instant less the age.
+        if d.postgres:
+            ts_sql = "(statement_timestamp() + %s * interval '1 second')"
+            stamps = [-item.age for item in run_events]
+        else:
+            ts_sql = "%s"
+            stamps = [d.now(-item.age, at=now)[1][0] for item in run_events]
+        cursor.executemany(
+            f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
+            f"VALUES (%s, %s, {ts_sql}, %s, %s, %s, {d.json_param})",
+            [
+                (
+                    db_id,
+                    first + offset,
+                    stamp,
+                    item.event,
+                    item.level,
+                    item.message,
+                    d.json(item.fields),
+                )
+                for offset, (item, stamp) in enumerate(zip(run_events, stamps, strict=True))
+            ],
+        )
+    return count

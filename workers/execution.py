@@ -43,6 +43,7 @@ from jobs.storable import (
     text_problem,
 )
 from jobs.tracing import end_run, run_span
+from workers import log_capture
 from workers.resilience import describe, is_outage, reset_connection, with_db_retry
 
 log = logging.getLogger("workers")
@@ -299,20 +300,29 @@ class JobRunner:
             transitions.cancel_jobs([job.id], reason="parent cancelled before the child ran")
             return Outcome("cancelled")
         ctx = JobContext(job, emitter=_emitter(job), cancel_event=flight.cancel)
-        if self.pre_handle is not None:
-            self.pre_handle(job)
+        # What the operation logs and prints from here on goes to the job's log
+        # (``workers.log_capture``): written before the outcome is stored, and
+        # its rest (the ``after`` hook's) when the run ends.
+        capture = log_capture.begin(job)
         try:
-            op.before(ctx)
-            if op.atomic:
-                return self._run_atomic(op, ctx, flight)
-            value = op.execute(ctx, job.payload)
-        except BaseException as error:  # noqa: BLE001
-            outcome = self._handle_error(op, flight, error)
+            if self.pre_handle is not None:
+                self.pre_handle(job)
+            try:
+                op.before(ctx)
+                if op.atomic:
+                    return self._run_atomic(op, ctx, flight)
+                value = op.execute(ctx, job.payload)
+            except BaseException as error:  # noqa: BLE001
+                log_capture.flush(job)
+                outcome = self._handle_error(op, flight, error)
+                self._after(op, ctx, outcome)
+                return outcome
+            log_capture.flush(job)
+            outcome = self._handle_value(op, flight, value, atomic=False)
             self._after(op, ctx, outcome)
             return outcome
-        outcome = self._handle_value(op, flight, value, atomic=False)
-        self._after(op, ctx, outcome)
-        return outcome
+        finally:
+            log_capture.end(job, capture)
 
     def _run_atomic(self, op: Operation, ctx: JobContext, flight: InFlight) -> Outcome:
         """The operation's writes commit with the success transition, or not at all."""

@@ -6,6 +6,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from workers import log_capture
 from workers.config import WorkerConfig
 from workers.engine import JobWorker
 from workers.management import BACKEND_CHECKS
@@ -81,6 +82,8 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
+        # What operations log and print goes to their jobs' logs (JOB_LOG_CAPTURE).
+        log_capture.install()
         code = JobWorker(config).run()
         sys.stdout.flush()
         sys.stderr.flush()

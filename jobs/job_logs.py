@@ -1,0 +1,145 @@
+"""A job's execution log: what its operation logged and printed while it ran.
+
+Log records live on the job's timeline as events (``job.log``), numbered by
+the same gap-free ``seq`` as every other event, so the one cursor that pages a
+timeline (``GET /jobs/<id>/events?after=N``) pages them too, a reader sees
+them in order with the transitions around them, and retention, partitions
+and the dashboard's timeline need nothing new. Each record is one event:
+``level`` (``info``, ``warning``, ``error``), ``message`` (one line, or one
+logging record with its traceback), ``fields`` ``{"logger", "levelname",
+"source"}`` where ``source`` is ``logging``, ``stdout`` or ``stderr``.
+
+What one job may store is bounded (``JobLogBudget``): at most
+``JOB_LOG_MAX_RECORDS`` records and ``JOB_LOG_MAX_BYTES`` bytes of messages,
+each message cut at ``JOB_LOG_MAX_MESSAGE_CHARS``. Past a bound the records
+are counted, not stored, and one ``job.log_truncated`` event says how many
+records and bytes were dropped. Local workers (``workers.log_capture``) and
+the remote-worker endpoint (``POST /jobs/<id>/logs``) keep the same bounds.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from jobs.conf import knob
+from jobs.storable import printable, truncated
+
+JOB_LOG = "job.log"  # one captured record
+JOB_LOG_TRUNCATED = "job.log_truncated"  # the bounds were reached: what was dropped
+LOG_EVENTS = (JOB_LOG, JOB_LOG_TRUNCATED)
+
+# Where a record came from (its ``fields["source"]``).
+SOURCE_LOGGING = "logging"
+SOURCE_STDOUT = "stdout"
+SOURCE_STDERR = "stderr"
+SOURCE_REMOTE = "remote"
+
+
+def event_level(levelno: int) -> str:
+    """A logging level as a timeline level: ``error`` from ERROR, ``warning`` from WARNING."""
+    if levelno >= logging.ERROR:
+        return "error"
+    if levelno >= logging.WARNING:
+        return "warning"
+    return "info"
+
+
+@dataclass(frozen=True)
+class LogLimits:
+    """The bounds of one job's log, read from the knobs once per run (``current``)."""
+
+    max_records: int = 10_000
+    max_bytes: int = 1_000_000
+    max_message_chars: int = 2_000
+
+    @classmethod
+    def current(cls) -> LogLimits:
+        return cls(
+            max_records=int(knob("JOB_LOG_MAX_RECORDS")),
+            max_bytes=int(knob("JOB_LOG_MAX_BYTES")),
+            max_message_chars=int(knob("JOB_LOG_MAX_MESSAGE_CHARS")),
+        )
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One record as stored: ``age`` is seconds between the record and its write
+    (the event's ``ts`` is the database's time less the age, ``jobs.clock``)."""
+
+    level: str
+    message: str
+    logger: str
+    levelname: str
+    source: str
+    age: float = 0.0
+
+    def fields(self) -> dict[str, str]:
+        return {"logger": self.logger, "levelname": self.levelname, "source": self.source}
+
+
+def stored_message(text: str, limits: LogLimits) -> str:
+    """``text`` as a log event's message: storable (NUL and lone surrogates replaced)
+    and cut at the per-record cap with a visible marker."""
+    return truncated(printable(text), limits.max_message_chars)
+
+
+class JobLogBudget:
+    """What is left of one job's log bounds; counts what it refuses.
+
+    ``take`` answers whether a message of ``size`` bytes may still be stored.
+    Not thread-safe by itself: its owner holds a lock around it.
+    """
+
+    __slots__ = ("limits", "records", "bytes", "dropped_records", "dropped_bytes")
+
+    def __init__(self, limits: LogLimits, *, records: int = 0, size: int = 0) -> None:
+        self.limits = limits
+        self.records = records
+        self.bytes = size
+        self.dropped_records = 0
+        self.dropped_bytes = 0
+
+    def take(self, size: int) -> bool:
+        limits = self.limits
+        if (
+            self.dropped_records
+            or self.records >= limits.max_records
+            or self.bytes + size > limits.max_bytes
+        ):
+            # Once a record is dropped every later one is too: the log keeps its
+            # head whole rather than a head with holes.
+            self.dropped_records += 1
+            self.dropped_bytes += size
+            return False
+        self.records += 1
+        self.bytes += size
+        return True
+
+    @property
+    def truncated(self) -> bool:
+        return self.dropped_records > 0
+
+
+def truncated_marker(dropped_records: int, dropped_bytes: int, limits: LogLimits) -> LogRecord:
+    """The one ``job.log_truncated`` record: written once per job, after the kept records."""
+    return LogRecord(
+        level="warning",
+        message=(
+            f"Log truncated: {dropped_records} records ({dropped_bytes} bytes) were not stored; "
+            f"a job keeps at most {limits.max_records} records and {limits.max_bytes} bytes "
+            "(JOB_LOG_MAX_RECORDS, JOB_LOG_MAX_BYTES)."
+        ),
+        logger="",
+        levelname="WARNING",
+        source="",
+    )
+
+
+def marker_fields(dropped_records: int, dropped_bytes: int, limits: LogLimits) -> dict[str, int]:
+    return {
+        "dropped_records": dropped_records,
+        "dropped_bytes": dropped_bytes,
+        "max_records": limits.max_records,
+        "max_bytes": limits.max_bytes,
+    }
