@@ -12,9 +12,10 @@ operators act.
 Built for a million jobs: the job list never counts the whole table (a count
 capped at ``COUNT_CAP``, with the planner's estimate beyond it on PostgreSQL),
 its filters take their choices from the Queue table and the registered
-operations instead of ``SELECT DISTINCT`` over every job, search never runs a
-leading-wildcard ``LIKE``, and the page is read under the same statement
-timeout as the dashboard's (``jobs.selectors.timeouts``).
+operations instead of ``SELECT DISTINCT`` over every job, and the page is read
+under the same statement timeout as the dashboard's (``jobs.selectors.timeouts``).
+Its filters and search are the dashboard's and the API's (``JobFilters``): the
+same URL words select the same jobs in every face.
 
 Django's ``AdminConfig`` imports this module at set-up in every process of a
 project that lists ``django.contrib.admin``: workers, the reaper, ``migrate``.
@@ -25,7 +26,6 @@ use them, when a page is shown.
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import DatabaseError, connections, transaction
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Model, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 EVENTS_SHOWN = 200
 BOTH_PLACES = [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
-_HEX = re.compile(r"^[0-9a-f]{1,32}$")
 
 
 # --- counting and paging -----------------------------------------------------------
@@ -233,9 +232,11 @@ def known_queues() -> list[str]:
 
 
 class ChoiceFilter(admin.SimpleListFilter):
-    """An exact-match filter whose choices come from a cheap source, plus the value in use."""
+    """A sidebar of choices from a cheap source (plus the value in use).
 
-    field = ""
+    It only draws the choices: ``JobChangeList`` reads the value, with every
+    other filter word of the URL, into one ``JobFilters`` and applies them.
+    """
 
     def choices_source(self) -> list[str]:
         raise NotImplementedError
@@ -247,12 +248,22 @@ class ChoiceFilter(admin.SimpleListFilter):
         return [(name, name) for name in names]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+        return queryset
+
+
+class StatusFilter(ChoiceFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def choices_source(self) -> list[str]:
+        from jobs.selectors.filters import STATES
+
+        return list(STATES)
 
 
 class QueueFilter(ChoiceFilter):
     title = "queue"
-    parameter_name = field = "queue"
+    parameter_name = "queue"
 
     def choices_source(self) -> list[str]:
         return known_queues()
@@ -260,59 +271,69 @@ class QueueFilter(ChoiceFilter):
 
 class OperationFilter(ChoiceFilter):
     title = "operation"
-    parameter_name = field = "operation"
+    parameter_name = "operation"
 
     def choices_source(self) -> list[str]:
         return known_operations()
 
 
-class ParentFilter(admin.SimpleListFilter):
-    """Children of one job (the job page links here); shown only while in use."""
+class ParentFilter(ChoiceFilter):
+    """Children of one job (the job page links here), or top-level jobs; shown only in use."""
 
     title = "parent"
     parameter_name = "parent"
 
+    def choices_source(self) -> list[str]:
+        return []
+
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        parent = _uuid(self.value() or "")
-        return [(str(parent), f"children of {parent}")] if parent else []
+        value = self.value() or ""
+        if value == "none":
+            return [("none", "top-level jobs")]
+        return [(value, f"children of {value}")] if _is_uuid(value) else []
+
+
+class SharedFilterWords(admin.ListFilter):
+    """Claims the filter words the sidebar has no choices for (``range``, ``from``,
+    ``to``, ``when``, ``payload``, ``schedule``…), so the changelist does not take
+    them for field lookups; ``JobChangeList`` applies them with the rest."""
+
+    title = "filters"
+    WORDS = (
+        "when",
+        "schedule",
+        "range",
+        "from",
+        "to",
+        "created_after",
+        "created_before",
+        "payload",
+    )
+
+    def __init__(self, request: HttpRequest, params: dict, model: Any, model_admin: Any) -> None:
+        super().__init__(request, params, model, model_admin)
+        for name in self.WORDS:
+            params.pop(name, None)
+
+    def has_output(self) -> bool:
+        return False
+
+    def expected_parameters(self) -> list[str]:
+        return list(self.WORDS)
+
+    def choices(self, changelist: Any) -> list[Any]:
+        return []
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
-        parent = _uuid(self.value() or "")
-        return queryset.filter(parent_id=parent) if parent else queryset
+        return queryset
 
 
-def _uuid(text: str) -> uuid.UUID | None:
+def _is_uuid(text: str) -> bool:
     try:
-        return uuid.UUID(text)
+        uuid.UUID(text)
     except ValueError:
-        return None
-
-
-def id_prefix_range(word: str) -> Q | None:
-    """Ids starting with ``word`` (hex, dashes ignored) as a range the primary key serves.
-
-    UUIDs order as their hex text on both databases (PostgreSQL compares the
-    bytes, SQLite stores lowercase hex), so a prefix is the range from the
-    prefix padded with 0s to it padded with fs, not ``id::text LIKE 'x%'``.
-    """
-    hexits = word.replace("-", "").lower()
-    if not _HEX.match(hexits):
-        return None
-    low = uuid.UUID(hexits.ljust(32, "0"))
-    high = uuid.UUID(hexits.ljust(32, "f"))
-    return Q(pk__gte=low, pk__lte=high)
-
-
-def job_search(word: str, operations: list[str]) -> Q:
-    """One search word: an id or id prefix, an operation (or part of its name), a queue."""
-    query = Q(operation=word) | Q(queue=word)
-    if prefix := id_prefix_range(word):
-        query |= prefix
-    needle = word.lower()
-    matching = [name for name in operations if needle in name.lower()]
-    if matching:
-        query |= Q(operation__in=matching)
-    return query
+        return False
+    return True
 
 
 class RecentEventsFormSet(BaseInlineFormSet):
@@ -354,25 +375,41 @@ class JobEventInline(ReadOnlyMixin, admin.TabularInline):
 
 
 class JobChangeList(ChangeList):
-    """The list reads the columns it shows, not payloads and results of up to a megabyte each."""
+    """The job list, filtered as the dashboard and the API filter (``JobFilters``).
+
+    The sidebar filters only draw choices; the URL's filter words are read
+    here into one ``JobFilters`` (``jobs.selectors.filter_query``), so a link
+    from the dashboard or the API opens the same jobs, and a value that cannot
+    be read is the admin's usual "invalid lookup" notice. The list reads the
+    columns it shows, not payloads and results of up to a megabyte each.
+    """
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
-        return (
-            super()
-            .get_queryset(request, exclude_parameters)
-            .defer("payload", "result", "error_message")
-        )
+        from django.contrib.admin.options import IncorrectLookupParameters
+
+        from jobs.selectors.filter_query import read_job_filters
+
+        query = request.GET.copy()
+        query.pop("q", None)  # the search box: JobAdmin.get_search_results
+        filters = read_job_filters(query)
+        if filters.errors:
+            raise IncorrectLookupParameters("; ".join(filters.errors.values()))
+        queryset = super().get_queryset(request, exclude_parameters)
+        return filters.apply(queryset).defer("payload", "result", "error_message")
 
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
     list_display = ("id", "operation", "queue", "status", "priority", "tries", "created_at")
-    list_filter = ("status", QueueFilter, OperationFilter, ParentFilter)
+    list_filter = (StatusFilter, QueueFilter, OperationFilter, ParentFilter, SharedFilterWords)
     list_select_related = False  # no relation is shown in the list
     sortable_by = ("created_at",)  # the only column an index orders (job_created_idx)
     # get_search_results does the searching; a non-empty tuple shows the search box.
     search_fields = ("operation",)
-    search_help_text = "A job id or its first characters, an operation (or part of it), a queue."
+    search_help_text = (
+        "A job id or its first characters, a queue, an operation or part of its name, "
+        "part of an error."
+    )
     actions = ["cancel_jobs", "retry_jobs"]
     inlines = [JobEventInline]
     fieldsets = (
@@ -406,13 +443,16 @@ class JobAdmin(ReadOnlyMixin, BoundedListAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
-        words = search_term.split()
-        if not words:
-            return queryset, False
-        operations = known_operations()
-        for word in words[:5]:
-            queryset = queryset.filter(job_search(word, operations))
-        return queryset, False
+        """The dashboard's search (``JobFilters.q``): an id or its start, a queue, an
+        operation or part of its name, part of an error."""
+        from django.contrib.admin.options import IncorrectLookupParameters
+
+        from jobs.selectors.filter_query import read_job_filters
+
+        filters = read_job_filters({"q": search_term})
+        if filters.errors:
+            raise IncorrectLookupParameters(filters.errors["q"])
+        return filters.apply(queryset), False
 
     # --- read-only fields --------------------------------------------------------
 

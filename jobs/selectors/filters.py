@@ -41,6 +41,7 @@ RANGES: dict[str, timedelta] = {
 }
 
 _HEXISH = re.compile(r"^[0-9a-fA-F-]{4,36}$")
+_HEX_PREFIX = re.compile(r"^[0-9a-f]{1,32}$")
 # The dashboard's short id: head and tail of the UUID (``0193a1b2…c09f3c``).
 _SHORT_ID = re.compile(r"^([0-9a-fA-F]{8})(?:…|\.\.\.)([0-9a-fA-F]{4,12})$")
 
@@ -225,13 +226,8 @@ class JobFilters:
             return False
         if self.created_before and job["created_at"] >= self.created_before:
             return False
-        if self.q:
-            text = self.q.lower()
-            haystack = " ".join(
-                str(job.get(k) or "") for k in ("operation", "error_code", "error_message")
-            ).lower()
-            if text not in haystack and text != str(job["id"]).lower():
-                return False
+        if self.q and not _text_matches(self.q, job):
+            return False
         if self.payload is not None and not json_contains(job.get("payload"), self.payload):
             return False
         return True
@@ -251,20 +247,54 @@ class JobFilters:
         return run_after is None or run_after > (now or timezone.now())
 
 
+def id_prefix_range(text: str) -> Q | None:
+    """Ids starting with ``text`` (hex, dashes ignored) as a range the primary key serves.
+
+    UUIDs order as their hex text on both databases (PostgreSQL compares the
+    bytes, SQLite stores lowercase hex), so a prefix is the range from the
+    prefix padded with 0s to it padded with fs, not ``id::text LIKE 'x%'``,
+    which reads every row.
+    """
+    hexits = text.replace("-", "").lower()
+    if not _HEX_PREFIX.match(hexits):
+        return None
+    return Q(pk__gte=uuid.UUID(hexits.ljust(32, "0")), pk__lte=uuid.UUID(hexits.ljust(32, "f")))
+
+
 def text_query(text: str) -> Q:
-    """Free text over id (whole, prefix, or the short form head…tail), operation and errors."""
+    """Free text: an id (whole, a prefix, or the short form head…tail), a queue's exact
+    name, or part of an operation's name or of an error."""
     try:
         return Q(pk=uuid.UUID(text))
     except ValueError:
         pass
     short = _SHORT_ID.match(text)
     if short:
-        return Q(id__istartswith=short.group(1)) & Q(id__iendswith=short.group(2))
+        head = id_prefix_range(short.group(1))
+        assert head is not None  # eight hex digits
+        return head & Q(id__iendswith=short.group(2))
     query = (
-        Q(operation__icontains=text)
+        Q(queue=text)
+        | Q(operation__icontains=text)
         | Q(error_code__icontains=text)
         | Q(error_message__icontains=text)
     )
-    if _HEXISH.match(text):
-        query |= Q(id__istartswith=text)
+    if _HEXISH.match(text) and (prefix := id_prefix_range(text)) is not None:
+        query |= prefix
     return query
+
+
+def _text_matches(text: str, job: dict[str, Any]) -> bool:
+    """``text_query`` for one job summary."""
+    needle = text.lower()
+    job_id = str(job["id"]).lower()
+    short = _SHORT_ID.match(text)
+    if short:
+        head, tail = short.group(1).lower(), short.group(2).lower()
+        return job_id.replace("-", "").startswith(head) and job_id.endswith(tail)
+    if needle == job_id or text == job.get("queue"):
+        return True
+    if _HEXISH.match(text) and job_id.replace("-", "").startswith(needle.replace("-", "")):
+        return True
+    haystack = " ".join(str(job.get(k) or "") for k in ("operation", "error_code", "error_message"))
+    return needle in haystack.lower()
