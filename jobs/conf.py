@@ -32,6 +32,10 @@ DEFAULTS: dict[str, Any] = {
     # Worker loop.
     "POLL_SECONDS": 2.0,
     "POLL_ONLY": False,
+    # The class runworker (and each --processes child) runs: the dotted path of a
+    # workers.engine.JobWorker subclass, whose pre_dequeue/pre_handle/post_handle
+    # hooks are the host's (workers.config.worker_class).
+    "WORKER_CLASS": "workers.engine.JobWorker",
     "SHUTDOWN_GRACE_SECONDS": 30.0,
     # After the grace (or a second signal): how long requeueing the jobs still
     # running and unregistering may take before the worker exits regardless.

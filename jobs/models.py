@@ -75,6 +75,9 @@ class Worker(models.Model):
     last_heartbeat = models.DateTimeField(default=timezone.now, db_index=True)
     # Set once the worker holds its liveness lock (PostgreSQL): see workers.liveness.
     liveness_lock = models.BooleanField(default=False)
+    # Its pre_dequeue said "not now" (workers.holding): no claim until then, and why.
+    holding_until = models.DateTimeField(null=True, blank=True)
+    holding_reason = models.TextField(blank=True, default="")
     user = models.ForeignKey(
         "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

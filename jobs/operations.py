@@ -18,6 +18,11 @@ Define one with a class::
             return {"ok": True}
 
 or with a function: ``@operation("resize", queue="images")``.
+
+How failures are retried is the operation's ``retry`` (a ``RetryPolicy``:
+backoff, strategy, jitter, the exceptions that retry and those that fail at
+once, the bound on ``RetryLaterError``); ``retryable_exceptions`` still adds
+to its ``retry_on``. A job may override the numbers at enqueue.
 """
 
 from __future__ import annotations
@@ -32,11 +37,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from jobs.events import JOB_PROGRESS
 from jobs.exceptions import ControlPlaneError, JobCancelled, RetryLaterError, UnknownOperation
+from jobs.retry_policy import RetryPolicy
 from jobs.schema_precheck import known_valid
 from jobs.storable import MAX_DEPTH, checked_progress, depth_problem, first_unstorable, too_deep
 
 if TYPE_CHECKING:
     from jobs.claims import ClaimedJob
+    from jobs.outcomes import JobError, JobOutcome
 
 __all__ = [
     "InvalidPayloadSchema",
@@ -45,6 +52,7 @@ __all__ = [
     "OperationRegistry",
     "OperationResult",
     "RetryLaterError",
+    "RetryPolicy",
     "operation",
     "registry",
     "schema_problem",
@@ -143,6 +151,8 @@ class Operation:
     atomic: ClassVar[bool] = False
     # Exceptions worth another attempt (with backoff) while attempts remain.
     retryable_exceptions: ClassVar[tuple[type[BaseException], ...]] = ()
+    # How failures are retried (jobs.retry_policy); None: the knobs' policy.
+    retry: ClassVar[RetryPolicy | None] = None
     # Seconds a run may take before the worker fails it with ``JobTimeout``
     # (``job.timeout``) and tells it to stop; each job may set its own at
     # enqueue. None: only the reaper's global ``REAPER_TIMEOUT_SECONDS``.
@@ -155,10 +165,15 @@ class Operation:
     def execute(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
         raise NotImplementedError
 
+    @functools.cached_property
+    def retry_policy(self) -> RetryPolicy:
+        """``retry`` with ``retryable_exceptions`` joining its ``retry_on``."""
+        return (self.retry or RetryPolicy()).retrying(*self.retryable_exceptions)
+
     def is_retryable(self, error: BaseException) -> bool:
-        return isinstance(error, self.retryable_exceptions) or bool(
-            getattr(error, "retryable", False)
-        )
+        """Whether ``error`` earns another attempt: ``fail_on`` first, then ``retry_on``
+        (and ``retryable_exceptions``), then the error's own ``retryable``."""
+        return self.retry_policy.retries(error)
 
     # Hooks around each run (before it starts, after it ends); their errors are logged, not fatal.
     def before(self, ctx: JobContext) -> None:
@@ -166,6 +181,14 @@ class Operation:
 
     def after(self, ctx: JobContext, outcome: str, error: BaseException | None) -> None:
         """Runs after each execution with its outcome (succeeded, failed, ...)."""
+
+    # Hooks on the job's outcome, after it committed (jobs.signals): in the process that
+    # wrote it, when that process has this operation registered; errors are logged, not fatal.
+    def on_success(self, outcome: JobOutcome, result: Any) -> None:
+        """Runs once the job's success committed, with the run's ``result``."""
+
+    def on_failure(self, outcome: JobOutcome, error: JobError) -> None:
+        """Runs once the job's final failure committed (not a retry), with its error."""
 
     @functools.cached_property
     def payload_validator(self) -> PayloadValidator:
@@ -415,6 +438,12 @@ class OperationRegistry:
                 f"The operation {instance.name!r} has timeout_seconds={timeout!r}; "
                 "give a number of seconds above 0, or None for no timeout."
             )
+        if instance.retry is not None and not isinstance(instance.retry, RetryPolicy):
+            raise ValueError(
+                f"The operation {instance.name!r} has retry={instance.retry!r}; "
+                "give a jobs.retry_policy.RetryPolicy, or None for the knobs' policy."
+            )
+        _ = instance.retry_policy  # exception classes are checked now, at start-up
         self._ops[instance.name] = instance
         return op
 
@@ -450,9 +479,12 @@ def operation(
     retryable_exceptions: tuple[type[BaseException], ...] = (),
     timeout_seconds: float | None = None,
     schedule: str | dict[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
     target: OperationRegistry | None = None,
+    on_success: Callable[[JobOutcome, Any], None] | None = None,
+    on_failure: Callable[[JobOutcome, JobError], None] | None = None,
 ) -> Callable[[Callable[[JobContext, dict[str, Any]], Any]], Callable[..., Any]]:
-    """Register a function ``func(ctx, payload)`` as an operation."""
+    """Register a function ``func(ctx, payload)`` as an operation (``retry``: its policy)."""
 
     def decorate(func: Callable[[JobContext, dict[str, Any]], Any]) -> Callable[..., Any]:
         cls = type(
@@ -467,14 +499,32 @@ def operation(
                 "retryable_exceptions": retryable_exceptions,
                 "timeout_seconds": timeout_seconds,
                 "schedule": schedule,
+                "retry": retry,
                 "description": (func.__doc__ or "").strip(),
                 "func": staticmethod(func),
+                **_outcome_hooks(on_success=on_success, on_failure=on_failure),
             },
         )
         (target or registry).register(cls)
         return func
 
     return decorate
+
+
+def _outcome_hooks(**hooks: Callable[..., None] | None) -> dict[str, Any]:
+    """``@operation``'s ``on_success``/``on_failure`` functions as the class's hook methods.
+
+    Only those given: an operation without hooks keeps ``Operation``'s, so
+    ``jobs.signals`` sees that nothing needs its outcomes.
+    """
+    methods: dict[str, Any] = {}
+    for name, hook in hooks.items():
+        if hook is None:
+            continue
+        if not callable(hook):
+            raise TypeError(f"@operation({name}={hook!r}): give a function (outcome, ...) -> None.")
+        methods[name] = staticmethod(hook)
+    return methods
 
 
 DIAGNOSTICS_MODULE = "jobs.diagnostics"

@@ -33,10 +33,11 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from jobs import events
+from jobs import events, signals
 from jobs.dialect import Dialect, Now, dialect
 from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
 from jobs.failures import failure_fields
+from jobs.retry_policy import RETRY_LATER_LIMIT, RetryPolicy, resolved_policy
 from jobs.states import (
     CANCELLED,
     FAILED,
@@ -262,19 +263,29 @@ def _write(
     if where:
         conditions.append(where)
         params.extend(where_params)
+    # The outcome's columns only when someone hears it (jobs.signals): else the same statement.
+    signal = signals.signal_for(status, event.event)
+    heard = signals.wanted(signal)
     update = (
         f"UPDATE {JOB_TABLE} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
-        "RETURNING id, last_event_seq"
+        f"RETURNING id, last_event_seq{_OUTCOME_COLUMNS if heard else ''}"
     )
     if d.postgres:
         # One statement, atomic on its own: the status change and its event
         # commit together without BEGIN/COMMIT round trips.
+        insert = (
+            f"INSERT INTO {EVENT_TABLE} (job_id, seq, ts, event, level, message, fields) "
+            "SELECT id, last_event_seq, statement_timestamp(), %s, %s, %s, %s::jsonb FROM moved"
+        )
+        statement = (
+            f"WITH moved AS ({update}), written AS ({insert}) "
+            f"SELECT id, last_event_seq{_OUTCOME_COLUMNS} FROM moved"
+            if heard
+            else f"WITH moved AS ({update}) {insert} RETURNING job_id, seq"
+        )
         with connections[using].cursor() as cursor:
             cursor.execute(
-                f"WITH moved AS ({update}) INSERT INTO {EVENT_TABLE} "
-                "(job_id, seq, ts, event, level, message, fields) "
-                "SELECT id, last_event_seq, statement_timestamp(), %s, %s, %s, %s::jsonb "
-                "FROM moved RETURNING job_id, seq",
+                statement,
                 [
                     *params,
                     event.event,
@@ -288,8 +299,44 @@ def _write(
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             cursor.execute(update, params)
             rows = cursor.fetchall()
-            write_events(cursor, d, rows, event, now)
-    return [Moved(d.read_id(r[0]), r[1]) for r in rows]
+            write_events(cursor, d, [(r[0], r[1]) for r in rows], event, now)
+    moved = [Moved(d.read_id(r[0]), r[1]) for r in rows]
+    if heard and signal is not None and moved:
+        changes = assign or {}
+        outcomes = [
+            _outcome(m.id, r, status, event, changes) for m, r in zip(moved, rows, strict=True)
+        ]
+        signals.dispatch(signal, outcomes, using=using)
+    return moved
+
+
+# What ``_write`` also returns when a signal or hook hears the change: enough for
+# ``jobs.signals.JobOutcome`` without another query.
+_OUTCOME_COLUMNS = ", operation, queue, attempts, max_attempts, error_code, error_message"
+
+
+def _outcome(
+    job_id: uuid.UUID, row: Sequence[Any], status: Status | None, event: Event, assign: dict
+) -> signals.JobOutcome:
+    """A moved row (``_OUTCOME_COLUMNS``) as the outcome its signal carries."""
+    _, _, operation, queue, attempts, max_attempts, error_code, error_message = row
+    if assign.get("attempts") is DECREMENT_ATTEMPTS:
+        attempts += 1  # the attempt that ran, not the one given back
+    result = assign.get("result")
+    return signals.JobOutcome(
+        job_id=job_id,
+        operation=operation,
+        queue=queue,
+        status=status.value if status is not None else "",
+        attempt=attempts,
+        max_attempts=max_attempts,
+        event=event.event,
+        message=event.message or "",
+        error_code=error_code or "",
+        error_message=error_message or "",
+        fields=event.fields,
+        result=result.value if isinstance(result, Json) else None,
+    )
 
 
 def _explain_miss(job_id: uuid.UUID, target: Status, lease_token: uuid.UUID | None) -> Exception:
@@ -499,28 +546,69 @@ def retry_job_later(
     lease_token: uuid.UUID,
     reason: str,
     delay_seconds: float,
+    policy: RetryPolicy | None = None,
     using: str = "default",
-) -> Moved:
-    """running -> queued after ``delay_seconds``; the attempt is not counted."""
-    return move_one(
-        job_id,
-        target=QUEUED,
-        sources=(RUNNING,),  # never resurrect a cancelled or failed job
-        lease_token=lease_token,
-        event=Event(
-            events.JOB_RETRY_LATER,
-            message=reason,
-            fields={"reason": reason, "delay_seconds": delay_seconds},
-        ),
-        assign={
-            **CLEAR_LEASE,
-            "attempts": DECREMENT_ATTEMPTS,
-            "run_after": Now(delay_seconds),
-            "worker_id": None,
-            "started_at": RESET_STARTED_AT,
-        },
-        using=using,
-    )
+) -> Status:
+    """running -> queued after ``delay_seconds``, the attempt not counted; or, past the
+    job's bound, running -> failed with ``RetryLaterLimit``. Returns the status moved to.
+
+    The bound is the job's retry policy (``jobs.retry_policy``: its stored override
+    over ``policy``, the operation's, over the knobs): at most ``max_retry_later``
+    times, counted on the row (``retry_laters``) so the count survives any worker,
+    and within ``retry_later_max_seconds`` of the enqueue when that is set. Only
+    the lease holder writes here, so the count read cannot move under us; the
+    writes below are fenced by the token all the same.
+    """
+    from jobs.clock import db_now
+    from jobs.models import Job
+
+    with transaction.atomic(using=using):
+        row = (
+            Job.objects.using(using)
+            .filter(pk=job_id)
+            .values_list("retry_laters", "created_at", "retry_policy")
+            .first()
+        )
+        if row is None:
+            raise JobNotFound(job_id)
+        snoozed, created_at, stored = row
+        bound = resolved_policy(stored, policy)
+        age = (db_now(using) - created_at).total_seconds()
+        refusal = bound.retry_later_refusal(int(snoozed), age)
+        if refusal is not None:
+            return fail_job(
+                job_id,
+                lease_token=lease_token,
+                error_code=RETRY_LATER_LIMIT,
+                error_message=f"{refusal} Its last reason: {reason}" if reason else refusal,
+                using=using,
+            )
+        move_one(
+            job_id,
+            target=QUEUED,
+            sources=(RUNNING,),  # never resurrect a cancelled or failed job
+            lease_token=lease_token,
+            event=Event(
+                events.JOB_RETRY_LATER,
+                message=reason,
+                fields={
+                    "reason": reason,
+                    "delay_seconds": delay_seconds,
+                    "retry_laters": int(snoozed) + 1,
+                    "max_retry_later": bound.max_retry_later,
+                },
+            ),
+            assign={
+                **CLEAR_LEASE,
+                "attempts": DECREMENT_ATTEMPTS,
+                "retry_laters": Sql("retry_laters + 1"),
+                "run_after": Now(delay_seconds),
+                "worker_id": None,
+                "started_at": RESET_STARTED_AT,
+            },
+            using=using,
+        )
+    return QUEUED
 
 
 OUTAGE_ERROR_CODE = "DatabaseUnavailable"
@@ -734,6 +822,7 @@ def _retry_assign() -> dict[str, Any]:
         **CLEAR_LEASE,
         "attempts": 0,
         "lease_requeues": 0,
+        "retry_laters": 0,
         "run_after": Now(),
         "started_at": None,
         "finished_at": None,

@@ -36,6 +36,11 @@ class WorkersConfig(AppConfig):
 
     def ready(self) -> None:
         global _collector_paused
+        from django.core import checks
+
+        from workers.config import check_worker_class
+
+        checks.register(check_worker_class, checks.Tags.compatibility)
         if _collector_paused:
             _collector_paused = False
             gc.freeze()

@@ -1,12 +1,24 @@
-"""Worker and reaper configuration: frozen dataclasses with named defaults from the knobs."""
+"""Worker and reaper configuration: frozen dataclasses with named defaults from the knobs.
+
+Also the worker class ``runworker`` runs (``WORKER_CLASS``): a host's
+``workers.engine.JobWorker`` subclass with its own hooks.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from jobs.conf import knob
+
+if TYPE_CHECKING:
+    from workers.engine import JobWorker
 
 
 @dataclass(frozen=True)
@@ -65,3 +77,52 @@ class ReaperConfig:
     retention_days: float = field(default_factory=lambda: float(knob("RETENTION_DAYS")))
     retention_batch_size: int = field(default_factory=lambda: int(knob("RETENTION_BATCH_SIZE")))
     batch_size: int = 500
+
+
+def worker_class(path: str | None = None) -> type[JobWorker]:
+    """The class ``runworker`` (and each ``--processes`` child) runs: ``WORKER_CLASS``.
+
+    A dotted path to a ``workers.engine.JobWorker`` subclass (its
+    ``pre_dequeue``/``pre_handle``/``post_handle`` hooks are the reason to
+    set it). Raises ``ImproperlyConfigured`` with what to fix when the path
+    does not import or names anything else.
+    """
+    from workers.engine import JobWorker
+
+    path = knob("WORKER_CLASS") if path is None else path
+    if not path:
+        return JobWorker
+    if not isinstance(path, str):
+        raise ImproperlyConfigured(
+            f"CONTROLPLANE['WORKER_CLASS'] is {path!r}; give the dotted path of a "
+            "workers.engine.JobWorker subclass as text, e.g. 'myapp.workers.MyWorker'."
+        )
+    try:
+        found = import_string(path)
+    except ImportError as error:
+        raise ImproperlyConfigured(
+            f"CONTROLPLANE['WORKER_CLASS'] = {path!r} cannot be imported ({error}); give the "
+            "dotted path of a workers.engine.JobWorker subclass, e.g. 'myapp.workers.MyWorker'."
+        ) from error
+    if not (isinstance(found, type) and issubclass(found, JobWorker)):
+        raise ImproperlyConfigured(
+            f"CONTROLPLANE['WORKER_CLASS'] = {path!r} names {found!r}, which is not a subclass "
+            "of workers.engine.JobWorker; subclass it and override its hooks."
+        )
+    return found
+
+
+def check_worker_class(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """System check: ``WORKER_CLASS`` imports and is a ``JobWorker`` subclass."""
+    try:
+        worker_class()
+    except ImproperlyConfigured as error:
+        return [
+            checks.Error(
+                str(error),
+                hint="Fix CONTROLPLANE['WORKER_CLASS'] (or CONTROLPLANE_WORKER_CLASS), "
+                "or remove it to run workers.engine.JobWorker.",
+                id="controlplane.E030",
+            )
+        ]
+    return []

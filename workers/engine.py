@@ -46,7 +46,7 @@ from queue import SimpleQueue
 
 from django.db import DataError, connection
 
-from jobs import transitions
+from jobs import events, signals, transitions
 from jobs.batches import claim_messages
 from jobs.claims import (
     ClaimedJob,
@@ -70,10 +70,12 @@ from jobs.queue_limits import (
     queue_settings,
 )
 from jobs.rate_limits import TokenWaits, claim_rate_limited
+from jobs.states import SUCCEEDED
 from workers.batch_runner import MessageFlight, extend_visibility, release_messages, run_message
 from workers.config import WorkerConfig
 from workers.execution import STOP_SHUTDOWN, InFlight, JobRunner
 from workers.heartbeat import HeartbeatLoop
+from workers.holding import HoldOff, NotNow
 from workers.listener import NotifyListener, can_listen
 from workers.resilience import backoff_delay, is_transient, reset_connection, with_db_retry
 from workers.shutdown import EXIT_GRACE_RAN_OUT, EXIT_GRACEFUL, ShutdownGuard
@@ -199,13 +201,23 @@ class JobWorker:
         self._local_operations = tuple(self._registry.names())
         self._listener: NotifyListener | None = None
         self._heartbeat = HeartbeatLoop(self._beat, interval_seconds=config.heartbeat_seconds)
+        # A ``NotNow`` from ``pre_dequeue``: no claim until it ends (workers.holding).
+        self._hold = HoldOff(self.id)
+        # Whether an operation of the registry has ``on_success`` (read again in ``run``):
+        # the batched successes build their outcomes only when it or a receiver hears them.
+        self._success_hooks = signals.hooked(signals.job_succeeded, self._registry)
         # False while this host's clock is past CLOCK_SKEW_MAX_SECONDS from the
         # database's (jobs.clock): checked at registration and on each heartbeat.
         self._clock_ok = True
 
     # --- hooks ---------------------------------------------------------------
-    def pre_dequeue(self) -> bool:
-        """Return False to skip claiming this round (a budget, a maintenance window)."""
+    def pre_dequeue(self) -> bool | NotNow:
+        """Return False to skip claiming this round (a budget, a maintenance window).
+
+        Or ``NotNow(seconds, reason)``: claim nothing for that long (the loop
+        sleeps until then, and wakes for a shutdown); the reason is logged and
+        shown on the dashboard's workers page (``workers.holding``).
+        """
         return True
 
     def pre_handle(self, job: ClaimedJob) -> None:
@@ -222,6 +234,7 @@ class JobWorker:
         every operation module is loaded.
         """
         self._local_operations = tuple(self._registry.names())
+        self._success_hooks = signals.hooked(signals.job_succeeded, self._registry)
         if install_signals:
             self.guard.install()
         configured_queues()  # a malformed CONTROLPLANE["QUEUES"] stops us before we register
@@ -277,13 +290,18 @@ class JobWorker:
                 reset_connection()
                 self.guard.stopping.wait(delay)
                 continue
-            if self.config.burst and not claimed and self._idle():
+            if self.config.burst and not claimed and self._idle() and not self._hold.active():
                 log.info("worker.burst_done id=%s", self.id)
                 return
             if claimed and self._free_slots() > 0:
                 continue  # there may be more
             self.wake.wait(
-                min(self.config.poll_seconds, self._until_next_deadline(), self._until_next_token())
+                min(
+                    self.config.poll_seconds,
+                    self._until_next_deadline(),
+                    self._until_next_token(),
+                    self._hold.seconds_left(),
+                )
             )
 
     def _drain(self) -> int:
@@ -424,8 +442,17 @@ class JobWorker:
         self._clock_ok = check_skew(f"worker:{self.id}")
 
     def _may_claim(self) -> bool:
-        """Claim this round: the host's clock is within bounds and ``pre_dequeue`` agrees."""
-        return self._clock_ok and self.pre_dequeue()
+        """Claim this round: the host's clock is within bounds, no ``NotNow`` holds, and
+        ``pre_dequeue`` agrees."""
+        if not self._clock_ok or self._hold.active():
+            return False
+        answer = self.pre_dequeue()
+        if isinstance(answer, NotNow):
+            self._hold.start(answer)
+            return False
+        if answer:
+            self._hold.end()
+        return bool(answer)
 
     # --- claiming --------------------------------------------------------------
     def _free_slots(self) -> int:
@@ -719,20 +746,22 @@ class JobWorker:
             f"{type(error).__name__}: {error}",
         )
         moved: list = []
+        refused: list = []
         for index, completion in enumerate(batch):
             try:
                 moved += with_db_retry(
                     functools.partial(complete_jobs, [completion]), what="complete", attempts=3
                 )
-            except _VALUE_ERRORS as refused:
-                self._fail_unstorable(completion, refused)
+            except _VALUE_ERRORS as refusal:
+                self._fail_unstorable(completion, refusal)
                 moved.append(completion.job_id)
+                refused.append(completion.job_id)
             except Exception:
                 with self._lock:
                     self._completions[:0] = batch[index:]
-                self._finish(batch[:index], moved)
+                self._finish(batch[:index], moved, tuple(refused))
                 raise
-        self._finish(batch, moved)
+        self._finish(batch, moved, tuple(refused))
 
     def _fail_unstorable(self, completion: Completion, error: Exception) -> None:
         """Fail a job whose success the database refused; its worker goes on."""
@@ -761,13 +790,17 @@ class JobWorker:
         except Exception:  # noqa: BLE001 - the lease runs out; the reaper takes over
             log.exception("job.fail_unstorable_failed job_id=%s", completion.job_id)
 
-    def _finish(self, batch: list[Completion], moved: list) -> None:
-        """Free the slots of a written batch; warn about the jobs whose lease was gone."""
+    def _finish(self, batch: list[Completion], moved: list, refused: tuple = ()) -> None:
+        """Free the slots of a written batch; send ``job_succeeded`` for the jobs that moved
+        (``refused``: failed instead, their signal sent by ``fail_job``); warn about the
+        jobs whose lease was gone."""
         if not batch:
             return
+        heard = self._success_hooks or bool(signals.job_succeeded.receivers)
         with self._lock:
-            for completion in batch:
-                self._flights.pop(completion.job_id, None)
+            flights = [self._flights.pop(c.job_id, None) for c in batch]
+        if heard and moved:
+            self._signal_successes(batch, flights, set(moved) - set(refused))
         if len(moved) == len(batch):
             return
         kept = set(moved)
@@ -777,6 +810,27 @@ class JobWorker:
                     "job.lease_lost job_id=%s (finished after cancel or takeover)",
                     completion.job_id,
                 )
+
+    def _signal_successes(
+        self, batch: list[Completion], flights: list[Flight | None], succeeded: set
+    ) -> None:
+        """``job_succeeded`` for each written success: from the run's own facts, no query."""
+        outcomes = [
+            signals.JobOutcome(
+                job_id=c.job_id,
+                operation=f.job.operation,
+                queue=f.job.queue,
+                status=SUCCEEDED.value,
+                attempt=f.job.attempt,
+                max_attempts=f.job.max_attempts,
+                event=events.JOB_SUCCEEDED,
+                fields={"duration_ms": c.duration_ms},
+                result=c.result,
+            )
+            for c, f in zip(batch, flights, strict=True)
+            if c.job_id in succeeded and isinstance(f, InFlight)
+        ]
+        signals.dispatch(signals.job_succeeded, outcomes, registry=self._registry)
 
     def _flush_completions_safely(self) -> None:
         try:

@@ -1,6 +1,7 @@
 """``runworker --processes N``: N worker processes under one supervisor (a process pool).
 
-Each child is a full ``runworker`` process with its own Worker row, so a
+Each child is a full ``runworker`` process (running ``WORKER_CLASS``, the host's
+``JobWorker`` subclass when set) with its own Worker row, so a
 child that crashes (segfault, ``os._exit``, OOM kill) takes only itself down.
 The supervisor treats its jobs as expired leases at once (requeued within the
 lease budget, else failed) and starts a replacement. SIGTERM/SIGINT are

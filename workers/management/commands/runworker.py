@@ -4,11 +4,12 @@ import logging
 import os
 import sys
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from workers import log_capture
 from workers.config import WorkerConfig
-from workers.engine import JobWorker
+from workers.config import worker_class as load_worker_class
 from workers.management import BACKEND_CHECKS
 
 
@@ -32,6 +33,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **o) -> None:
+        try:
+            # Before any child is forked: a wrong WORKER_CLASS stops the supervisor too.
+            worker_class = load_worker_class()
+        except ImproperlyConfigured as error:
+            raise CommandError(str(error)) from error
         # What set-up and this command's imports made lives as long as the process:
         # out of the collector's way (its full collections would walk it all again,
         # and in forked --processes children copy the pages it touches).
@@ -84,7 +90,7 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         # What operations log and print goes to their jobs' logs (JOB_LOG_CAPTURE).
         log_capture.install()
-        code = JobWorker(config).run()
+        code = worker_class(config).run()
         sys.stdout.flush()
         sys.stderr.flush()
         if code != 0:
