@@ -209,6 +209,7 @@ def _job(row: Row, now: datetime, using: str) -> Job:
     values["timeout_seconds"] = row.timeout_seconds
     values["schedule_id"] = row.schedule_id
     values["trace_context"] = row.trace_context
+    values["retry_policy"] = row.retry_policy
     state = values["_state"] = _new_state(ModelState)
     state.db = using
     state.adding = False
@@ -242,6 +243,7 @@ def _job_template(now: datetime) -> dict[str, Any]:
                 "finished_at": None,
                 "last_event_seq": 1,
                 "last_event_at": now,
+                "retry_laters": 0,
             },
         )
     return _template[1]

@@ -67,7 +67,12 @@ class UnknownOperation(EnqueueError):
 
 
 class RetryLaterError(ControlPlaneError):
-    """Raised by an operation to be run again later, without counting a failed attempt."""
+    """Raised by an operation to be run again later, without counting a failed attempt.
+
+    Bounded all the same (``jobs.retry_policy``): past its policy's
+    ``max_retry_later`` times, or ``retry_later_max_seconds`` after the job was
+    enqueued, the job fails with ``RetryLaterLimit`` instead of waiting again.
+    """
 
     def __init__(self, reason: str = "", delay_seconds: float = 60.0) -> None:
         self.reason = reason

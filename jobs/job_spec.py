@@ -5,7 +5,7 @@
 every way in (Python, the CLI, the REST API, the dashboard's form): the
 operation must exist, the payload be a JSON object its schema accepts and
 that both databases store alike, the priority, attempts, times, queue name,
-unique key and timeout within their rules. A batch of specs shares one
+unique key, timeout and retry override within their rules. A batch of specs shares one
 ``SpecBatch``, so what many specs repeat is checked once.
 """
 
@@ -25,6 +25,7 @@ from jobs.ids import new_job_ids
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN
 from jobs.operations import operation_spec
 from jobs.payload_json import encode_payload
+from jobs.retry_policy import RetryPolicy, check_override
 from jobs.storable import text_problem
 from jobs.uniqueness import DEFAULT_UNIQUE_WHILE, MAX_KEY_LENGTH, UniqueWhile
 
@@ -43,6 +44,9 @@ class JobSpec:
     or ``until_retention``) keeps duplicates out (``jobs.uniqueness``);
     ``idempotency_key`` is the older name of a key held until retention.
     ``timeout_seconds`` bounds one run (default: the operation's).
+    ``retry`` overrides the numbers of the operation's retry policy for this job
+    (``jobs.retry_policy.OVERRIDE_FIELDS``: backoff, cap, jitter, strategy and the
+    bound on running later); a ``RetryPolicy`` is taken for its numbers.
     """
 
     operation: str
@@ -59,6 +63,7 @@ class JobSpec:
     timeout_seconds: float | None = None
     # The schedule firing it (jobs.schedules.firing); stored as ``Job.schedule``.
     schedule: uuid.UUID | str | None = None
+    retry: dict[str, Any] | RetryPolicy | None = None
 
 
 class SpecBatch:
@@ -156,6 +161,12 @@ def prepare_row(spec: JobSpec, batch: SpecBatch) -> tuple[Row | None, dict[str, 
             schedule_id = uuid.UUID(str(spec.schedule))
         except ValueError:
             errors["schedule"] = [f"No schedule with id {spec.schedule}."]
+    retry = spec.retry
+    if retry is not None:
+        if isinstance(retry, RetryPolicy):
+            retry = retry.override_json()
+        retry, retry_errors = check_override(retry)
+        errors.update(retry_errors)
     if errors:
         return None, errors
     return Row(
@@ -173,6 +184,7 @@ def prepare_row(spec: JobSpec, batch: SpecBatch) -> tuple[Row | None, dict[str, 
         unique_while,
         float(timeout) if timeout is not None else None,
         schedule_id,
+        retry_policy=retry,
     ), {}
 
 

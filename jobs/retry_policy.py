@@ -187,7 +187,7 @@ class RetryPolicy:
         return min(cap, raw)
 
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """Seconds to wait after attempt ``attempt`` failed: ``step`` less up to ``jitter`` of it."""
+        """Seconds to wait after attempt ``attempt`` failed: ``step``, less up to ``jitter``."""
         jitter = float(_set(self.jitter, "jitter"))
         step = self.step(attempt)
         return step * (1.0 - jitter * rand())
@@ -306,6 +306,4 @@ def stored_override(job_id: Any, *, using: str = "default") -> dict[str, Any] | 
     """The job's stored override (``Job.retry_policy``), or None."""
     from jobs.models import Job
 
-    return (
-        Job.objects.using(using).filter(pk=job_id).values_list("retry_policy", flat=True).first()
-    )
+    return Job.objects.using(using).filter(pk=job_id).values_list("retry_policy", flat=True).first()

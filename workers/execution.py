@@ -10,7 +10,6 @@ meanwhile is left as it is.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +33,15 @@ from jobs.failures import format_traceback, innermost_frame
 from jobs.independent import independent_connection
 from jobs.logging_json import state_line_level
 from jobs.operations import JobContext, Operation, OperationRegistry, OperationResult
+from jobs.retry_policy import (
+    EXPONENTIAL,
+    RETRY_LATER_LIMIT,
+    RetryPolicy,
+    global_policy,
+    resolved_policy,
+    stored_override,
+)
+from jobs.states import FAILED
 from jobs.storable import (
     InvalidProgress,
     ResultTooLarge,
@@ -130,9 +138,13 @@ def _log_fields(flight: InFlight, outcome: Outcome, duration_ms: int) -> dict[st
 
 
 def backoff_seconds(attempt: int, base: float, cap: float) -> float:
-    """Exponential backoff with full jitter in [0.5, 1.0] of the step, capped."""
-    step = min(cap, base * (2 ** max(attempt - 1, 0)))
-    return step * random.uniform(0.5, 1.0)
+    """Exponential backoff from ``base``, capped, with the knobs' jitter (``RETRY_JITTER``).
+
+    The worker's own delays (an outage requeue); a job's retries follow its
+    ``RetryPolicy`` (``JobRunner._handle_error``).
+    """
+    policy = RetryPolicy(backoff_seconds=base, backoff_max_seconds=cap, strategy=EXPONENTIAL)
+    return policy.over(global_policy()).delay(attempt)
 
 
 def _json_safe(value: Any, what: str) -> Any:
@@ -425,14 +437,22 @@ class JobRunner:
             # error (a statement timeout, a missing table) is the operation's
             # own and is handled below like any exception.
             return self._requeue_after_outage(flight, error)
+        # The operation's policy over this worker's configured backoff; the job's own
+        # override (``Job.retry_policy``) goes over both where it is read (jobs.retry_policy).
+        worker_policy = RetryPolicy(
+            backoff_seconds=self.retry_backoff_seconds,
+            backoff_max_seconds=self.retry_backoff_max_seconds,
+        )
+        policy = op.retry_policy.over(worker_policy)
         if isinstance(error, RetryLaterError):
             try:
-                with_db_retry(
+                status = with_db_retry(
                     lambda: transitions.retry_job_later(
                         job.id,
                         lease_token=job.lease_token,
                         reason=error.reason,
                         delay_seconds=error.delay_seconds,
+                        policy=policy,
                     ),
                     what="retry_later",
                     # Through a restart of any length: the job keeps its slot until
@@ -440,13 +460,23 @@ class JobRunner:
                     sleep=flight.cancel.wait,
                     give_up=flight.cancel.is_set,
                 )
-                return Outcome("retry_later", error=error)
             except LeaseLost:
                 return Outcome("lease_lost", error=error)
+            if status == FAILED:  # past its bound (max_retry_later, retry_later_max_seconds)
+                return Outcome(
+                    "failed", error=error, error_code=RETRY_LATER_LIMIT, error_message=str(error)
+                )
+            return Outcome("retry_later", error=error)
         retryable = op.is_retryable(error) and job.attempt < job.max_attempts
-        delay = backoff_seconds(
-            job.attempt, self.retry_backoff_seconds, self.retry_backoff_max_seconds
-        )
+        delay = None
+        if retryable:
+            stored = with_db_retry(
+                lambda: stored_override(job.id),
+                what="retry_policy",
+                sleep=flight.cancel.wait,
+                give_up=flight.cancel.is_set,
+            )
+            delay = resolved_policy(stored, policy).delay(job.attempt)
         return self._fail(
             flight,
             type(error).__name__,

@@ -24,6 +24,7 @@ from rest_framework.relations import PKOnlyObject
 from rest_framework.settings import api_settings
 
 from jobs.models import Job, JobEvent
+from jobs.retry_policy import OVERRIDE_FIELDS, STRATEGIES
 from jobs.selectors import STATES
 from jobs.storable import MAX_DEPTH, first_unstorable
 from jobs.uniqueness import MAX_KEY_LENGTH, UniqueWhile
@@ -208,6 +209,13 @@ class EnqueueSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         help_text="Longest run in seconds, above 0 and at most 30 days (default: the operation's).",
+    )
+    retry = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text="This job's retry policy over its operation's: an object with any of "
+        f"{', '.join(OVERRIDE_FIELDS)} (strategy: {', '.join(STRATEGIES)}; jitter a fraction "
+        "from 0 to 1). Which exceptions retry is the operation's, in code.",
     )
 
     def validate_payload(self, value: Any) -> Any:

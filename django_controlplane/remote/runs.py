@@ -13,7 +13,6 @@ columns are a 400 before any write.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ from jobs.events import TRANSITION_EVENTS
 from jobs.exceptions import UnstorableValue
 from jobs.models import Job, Queue, QueueKind, Worker
 from jobs.rate_limits import TokenWaits, claim_rate_limited
+from jobs.retry_policy import resolved_policy
 from jobs.states import CANCELLED, RUNNING, Status
 from jobs.storable import check_event_message, storable_json, text_problem, unstorable_fields
 from jobs.transitions import cancel_jobs, complete_job, emit_event, fail_job
@@ -409,13 +409,11 @@ def defer_held_job(job_id: uuid.UUID, *, lease_token: uuid.UUID, result: Any = N
     return seq
 
 
-def retry_backoff(attempt: int) -> float:
-    """``RETRY_BACKOFF_SECONDS * 2**(attempt-1)``, capped, with jitter (as local workers do)."""
-    step = min(
-        float(knob("RETRY_BACKOFF_MAX_SECONDS")),
-        float(knob("RETRY_BACKOFF_SECONDS")) * 2 ** max(attempt - 1, 0),
-    )
-    return step * random.uniform(0.5, 1.0)
+def retry_backoff(attempt: int, stored: dict[str, Any] | None = None) -> float:
+    """The delay before a remote job's next attempt: its ``stored`` retry override
+    (``Job.retry_policy``) over the knobs' policy (``jobs.retry_policy``), as local
+    workers do; a remote operation declares no policy of its own."""
+    return resolved_policy(stored).delay(attempt)
 
 
 def fail(
@@ -439,13 +437,15 @@ def fail(
         traceback=traceback or "",
     )
     token = _held_token(job_id, lease_token, user)
-    attempt = Job.objects.filter(pk=job_id).values_list("attempts", flat=True).first() or 1
+    attempt, stored = Job.objects.filter(pk=job_id).values_list(
+        "attempts", "retry_policy"
+    ).first() or (1, None)
     return fail_job(
         job_id,
         lease_token=token,
         error_code=(error_code or "RemoteError")[:200],
         error_message=error_message or "",
         retryable=bool(retryable),
-        backoff_seconds=retry_backoff(attempt) if retryable else None,
+        backoff_seconds=retry_backoff(attempt or 1, stored) if retryable else None,
         traceback=traceback or "",
     )

@@ -144,7 +144,12 @@ def test_retry_later_does_not_count_the_attempt_and_waits():
     assert job.run_after > timezone.now() + timedelta(seconds=100)
     assert claim_jobs(queues=[job.queue], worker_id=uuid.uuid4(), limit=1, lease_seconds=30) == []
     event = JobEvent.objects.get(job=job, event="job.retry_later")
-    assert event.fields == {"reason": "busy", "delay_seconds": 120}
+    assert event.fields == {
+        "reason": "busy",
+        "delay_seconds": 120,
+        "retry_laters": 1,
+        "max_retry_later": 100,
+    }
 
 
 def test_retryable_failure_with_attempts_left_is_scheduled_again():
