@@ -20,10 +20,19 @@ the remote-worker endpoint (``POST /jobs/<id>/logs``) keep the same bounds.
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.db import connection, transaction
+
 from jobs.conf import knob
+from jobs.dialect import dialect
+from jobs.exceptions import JobCancelled, JobNotFound, LeaseLost
+from jobs.models import Job, JobEvent
 from jobs.storable import printable, truncated
+from jobs.tables import EVENT_TABLE
+from jobs.transitions import RunEvent, append_run_events
 
 JOB_LOG = "job.log"  # one captured record
 JOB_LOG_TRUNCATED = "job.log_truncated"  # the bounds were reached: what was dropped
@@ -143,3 +152,114 @@ def marker_fields(dropped_records: int, dropped_bytes: int, limits: LogLimits) -
         "max_records": limits.max_records,
         "max_bytes": limits.max_bytes,
     }
+
+
+# --- reads ----------------------------------------------------------------------------
+
+
+def job_log_page(
+    job_id: uuid.UUID, *, after: int = 0, limit: int = 100
+) -> tuple[int, list[JobEvent]] | None:
+    """A job's log events (``LOG_EVENTS``) with ``seq > after``, ascending, at most
+    ``limit``, and the cursor to resume from; None when no such job.
+
+    The cursor is a seq of the timeline, as ``GET /jobs/<id>/events``' is: the
+    last event's when the page is full, else the job's last seq read before
+    the events (every event up to it is committed, so nothing is skipped).
+    """
+    last_seq = Job.objects.filter(pk=job_id).values_list("last_event_seq", flat=True).first()
+    if last_seq is None:
+        return None
+    events = list(
+        JobEvent.objects.filter(
+            job_id=job_id, seq__gt=after, seq__lte=last_seq, event__in=LOG_EVENTS
+        ).order_by("seq")[:limit]
+    )
+    return (events[-1].seq if len(events) == limit else last_seq), events
+
+
+# --- writes from remote workers ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What ``append_logs`` did with a batch: records stored, dropped, and whether the
+    job's log is truncated (a client stops sending then)."""
+
+    stored: int
+    dropped: int
+    truncated: bool
+
+
+# What a log already holds, counted on the server: records, bytes, whether it was cut.
+_LOG_STATS = (
+    "SELECT count(*), coalesce(sum({size}), 0), "
+    "coalesce(max(CASE WHEN event = %s THEN 1 ELSE 0 END), 0) "
+    "FROM {events} WHERE job_id = %s AND event IN (%s, %s)"
+)
+
+
+def append_logs(
+    job_id: uuid.UUID,
+    *,
+    lease_token: uuid.UUID,
+    records: Sequence[LogRecord],
+    dropped_records: int = 0,
+    dropped_bytes: int = 0,
+) -> Appended:
+    """Append a held job's records within its bounds (a remote worker's batch).
+
+    The job row is locked first, so two batches of one job count its log one
+    after the other. The ``job.log_truncated`` marker is written once, with
+    the first batch that goes past a bound (or reports drops of its own);
+    later drops are counted in the answer only. ``LeaseLost`` or
+    ``JobCancelled`` when the job is no longer held with ``lease_token``.
+    """
+    limits = LogLimits.current()
+    d = dialect("default")
+    size = "octet_length(message)" if d.postgres else "length(CAST(message AS BLOB))"
+    with transaction.atomic():
+        held = (
+            Job.objects.select_for_update()
+            .filter(pk=job_id)
+            .values_list("status", "lease_token")
+            .first()
+        )
+        if held is None:
+            raise JobNotFound(job_id)
+        status, token = held
+        if status == "cancelled":
+            raise JobCancelled(job_id)
+        if status != "running" or token != lease_token:
+            raise LeaseLost(job_id, status)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _LOG_STATS.format(size=size, events=EVENT_TABLE),
+                [JOB_LOG_TRUNCATED, d.uuid(job_id), JOB_LOG, JOB_LOG_TRUNCATED],
+            )
+            count, stored_bytes, marked = cursor.fetchone()
+        budget = JobLogBudget(limits, records=count - marked, size=int(stored_bytes))
+        if marked:
+            budget.dropped_records = 1  # cut already: nothing more is stored
+        run_events = []
+        for record in records:
+            message = stored_message(record.message, limits)
+            if budget.take(len(message.encode())):
+                run_events.append(
+                    RunEvent(JOB_LOG, record.level, message, record.fields(), record.age)
+                )
+        dropped = len(records) - len(run_events)
+        if not marked and (dropped or dropped_records):
+            total = (dropped + dropped_records, budget.dropped_bytes + dropped_bytes)
+            marker = truncated_marker(*total, limits)
+            run_events.append(
+                RunEvent(
+                    JOB_LOG_TRUNCATED, marker.level, marker.message, marker_fields(*total, limits)
+                )
+            )
+        append_run_events(job_id, run_events, lease_token=lease_token)
+    return Appended(
+        stored=len(run_events) - (1 if not marked and (dropped or dropped_records) else 0),
+        dropped=dropped,
+        truncated=bool(marked or dropped or dropped_records),
+    )

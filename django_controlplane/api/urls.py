@@ -8,6 +8,7 @@ come first, and ``/jobs/cancel`` and ``/jobs/retry`` (bulk) come before
 from django.urls import include, path
 
 from django_controlplane.api import (
+    log_views,
     operation_views,
     queue_views,
     schedule_views,
@@ -32,6 +33,7 @@ urlpatterns = [
     *both("jobs/retry", views.BulkRetryView.as_view(), "job-bulk-retry"),
     *both("jobs/<str:job_id>", views.JobDetailView.as_view(), "job-detail"),
     *both("jobs/<str:job_id>/events", views.JobEventsView.as_view(), "job-events"),
+    *both("jobs/<str:job_id>/logs", log_views.JobLogsView.as_view(), "job-logs"),
     *both("jobs/<str:job_id>/cancel", views.JobCancelView.as_view(), "job-cancel"),
     *both("jobs/<str:job_id>/retry", views.JobRetryView.as_view(), "job-retry"),
     *both("queues", queue_views.QueueListView.as_view(), "queue-list"),

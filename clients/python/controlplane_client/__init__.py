@@ -28,6 +28,7 @@ from controlplane_client.api import (
     WorkerGoneError,
 )
 from controlplane_client.jobs import ClaimedJob, Deferred, RetryableError
+from controlplane_client.logs import JobLogHandler, capture_logging
 from controlplane_client.manager import JobManager
 
 __all__ = [
@@ -36,9 +37,11 @@ __all__ = [
     "ClaimedJob",
     "Deferred",
     "JobCancelledError",
+    "JobLogHandler",
     "JobManager",
     "LeaseLostError",
     "RetryableError",
     "TokenApi",
     "WorkerGoneError",
+    "capture_logging",
 ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from controlplane_client.api import JobCancelledError, LeaseLostError
+from controlplane_client.logs import JobLogBuffer
 
 if TYPE_CHECKING:
     from controlplane_client.manager import JobManager
@@ -105,6 +106,8 @@ class ClaimedJob:
     lost_reason: str | None = field(default=None, repr=False)
     # ``time.monotonic()`` at which ``timeout_seconds`` run out (None: no timeout).
     _deadline: float | None = field(default=None, repr=False)
+    # The job's unsent log records (``log``), made with the first one.
+    _logs: JobLogBuffer | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.timeout_seconds and self._deadline is None:
@@ -168,6 +171,22 @@ class ClaimedJob:
             raise RuntimeError("This job is not attached to a JobManager.")
         self.raise_if_cancelled()
         return self._manager.emit(self, event, message, level=level, **fields)
+
+    def log(self, level: str, message: str, *, logger: str = "") -> None:
+        """Add a record to this job's execution log (``job.log`` events on its timeline).
+
+        ``level``: debug, info, warning, error or critical. Records are sent in
+        batches about once a second and before the outcome is reported; the
+        server keeps at most its bounds of them (``controlplane_client.logs``).
+        """
+        if self._logs is None:
+            self._logs = JobLogBuffer(self)
+        self._logs.add(level, str(message), logger)
+
+    def flush_logs(self) -> None:
+        """Send the log records not sent yet (done for you before the outcome)."""
+        if self._logs is not None:
+            self._logs.flush()
 
     def progress(self, current: int, total: int | None = None, message: str | None = None) -> int:
         """Move the job's progress bar (a ``job.progress`` event)."""

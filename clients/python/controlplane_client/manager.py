@@ -348,6 +348,7 @@ class JobManager:
             # must still name it, so it stays held until then.
             log.warning("job %s: %s not sent: the job ran past its timeout", job.id, action)
             return None
+        job.flush_logs()  # the run's log before its outcome
         try:
             reply = self._request(
                 "POST", f"/jobs/{job.id}/{action}", {"lease_token": job.lease_token, **body}

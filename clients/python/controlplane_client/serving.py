@@ -13,6 +13,7 @@ import httpx
 
 from controlplane_client.api import ApiError, LeaseLostError
 from controlplane_client.jobs import ClaimedJob, Deferred
+from controlplane_client.logs import current_job
 from controlplane_client.tracing import run_traced
 
 if TYPE_CHECKING:
@@ -96,8 +97,13 @@ class AutoServe:
 
     # --- one job ----------------------------------------------------------------
     def _dispatch(self, job: ClaimedJob) -> Any:
-        """Run the job's handler, inside its run span when OpenTelemetry is installed."""
-        return run_traced(job, self._call)
+        """Run the job's handler, inside its run span when OpenTelemetry is installed;
+        what it logs in this thread goes to the job's log (``JobLogHandler``)."""
+        token = current_job.set(job)
+        try:
+            return run_traced(job, self._call)
+        finally:
+            current_job.reset(token)
 
     def _call(self, job: ClaimedJob) -> Any:
         m = self.manager

@@ -43,6 +43,8 @@ ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
     ("job-detail", "GET"): (lambda api: (f"/jobs/{queued().pk}", None), 200),
     ("job-events", "GET"): (lambda api: (f"/jobs/{queued().pk}/events", None), 200),
     ("job-events", "POST"): (lambda api: _held(api, "events", {"event": "t.x"}), 201),
+    ("job-logs", "GET"): (lambda api: (f"/jobs/{queued().pk}/logs", None), 200),
+    ("job-logs", "POST"): (lambda api: _held(api, "logs", {"records": [{"message": "m"}]}), 201),
     ("job-cancel", "POST"): (lambda api: (f"/jobs/{queued().pk}/cancel", None), 200),
     ("job-retry", "POST"): (lambda api: (f"/jobs/{failed().pk}/retry", None), 200),
     ("job-complete", "POST"): (lambda api: _held(api, "complete", {"result": {}}), 200),

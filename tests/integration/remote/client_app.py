@@ -17,7 +17,14 @@ import threading
 import time
 from typing import Any
 
-from controlplane_client import ClaimedJob, Deferred, JobManager, RetryableError, TokenApi
+from controlplane_client import (
+    ClaimedJob,
+    Deferred,
+    JobManager,
+    RetryableError,
+    TokenApi,
+    capture_logging,
+)
 
 SCHEMA_TEXT = {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}}
 
@@ -63,6 +70,16 @@ def broken(job: ClaimedJob) -> Any:
     raise ValueError("broken on purpose")
 
 
+def logs(job: ClaimedJob) -> Any:
+    """Logs through ``logging`` (captured with --capture-logs) and ``job.log``."""
+    logging.getLogger("remote.ops").info("via logging <b>%s</b>", job.payload.get("tag", ""))
+    logging.getLogger("remote.ops").warning("a warning")
+    for number in range(int(job.payload.get("lines", 0))):
+        job.log("info", f"line {number}", logger="remote.ops")
+    job.log("error", "via job.log")
+    return {"logged": True}
+
+
 MANAGER: JobManager | None = None
 
 HANDLERS = {
@@ -71,6 +88,7 @@ HANDLERS = {
     "remote.flaky": (flaky, {"max_attempts": 3}),
     "remote.deferred": (deferred, {}),
     "remote.broken": (broken, {}),
+    "remote.logs": (logs, {}),
 }
 
 
@@ -101,9 +119,12 @@ def main() -> int:
     parser.add_argument(
         "--drop-pushes", action="store_true", help="ignore every push (the socket stays up)"
     )
+    parser.add_argument("--capture-logs", action="store_true", help="capture_logging()")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(message)s")
     assert "django" not in sys.modules, "the client must not need Django"
+    if args.capture_logs:
+        capture_logging()
 
     api = TokenApi(args.url, token=lambda: args.token)  # a callable: refreshed on every request
     manager = JobManager(
