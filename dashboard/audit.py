@@ -24,6 +24,7 @@ from jobs.audit import (
     RUN_NOW,
     SET_CAP,
     SET_RATE_LIMIT,
+    SET_RETENTION,
 )
 from jobs.models import OperatorAction
 
@@ -76,6 +77,11 @@ def _detail(entry: OperatorAction) -> str:
     if entry.action == SET_RATE_LIMIT:
         rate = described.get("rate_limit_per_second")
         return "no rate limit" if rate is None else f"{rate:g} jobs/s"
+    if entry.action == SET_RETENTION:
+        days = described.get("retention_days")
+        if not days:
+            return "the settings' retention"
+        return ", ".join(f"{status} {value:g} d" for status, value in days.items())
     if entry.action == APPLY_SETTINGS:
         return ", ".join(f"{key}={value}" for key, value in described.items())
     if entry.action == DISCARD:

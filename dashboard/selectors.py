@@ -26,6 +26,7 @@ from jobs.events import RECLAIM_EVENTS
 from jobs.failures import FINGERPRINT_MESSAGE_CHARS, fingerprint
 from jobs.models import BatchMessage, Job, JobEvent, Queue, QueueKind, Worker
 from jobs.replica import read_connection
+from jobs.retention import FINAL_STATUSES, current_retention
 from jobs.selectors import JobCursor, JobFilters, after_cursor
 from jobs.selectors.counts import CountResult, capped_count, count_cap
 from jobs.selectors.workers import live_worker_ids, stale_before
@@ -227,6 +228,25 @@ def oldest_ready(now: datetime | None = None) -> dict[str, datetime]:
     return dict(rows)
 
 
+@dataclass(frozen=True)
+class RetentionCell:
+    """How long a queue keeps its finished jobs of one status, and what says so: ``queue``
+    (an operator, on the queues page), ``settings``, ``status`` or ``default``."""
+
+    status: str
+    days: float
+    source: str
+    set_days: float | None = None  # the operator's value for this status, if any
+
+    @property
+    def text(self) -> str:
+        return f"{self.days:g}"
+
+    @property
+    def set_text(self) -> str:
+        return "" if self.set_days is None else f"{self.set_days:g}"
+
+
 @dataclass
 class QueueRow:
     name: str
@@ -238,6 +258,8 @@ class QueueRow:
     # A batch queue's messages by state (``batch_message_counts``); None for a job queue.
     messages: dict[str, CountResult] | None = None
     rate_limit_per_second: float | None = None  # jobs started per second, cluster-wide
+    # The retention in force per final status (jobs.retention).
+    retention: list[RetentionCell] = field(default_factory=list)
 
     @property
     def rate_text(self) -> str:
@@ -264,9 +286,19 @@ def queue_rows() -> list[QueueRow]:
     counts = queue_state_counts(names)
     messages = batch_message_counts([n for n in names if kinds[n] == QueueKind.BATCH])
     oldest = oldest_ready()
+    rules = current_retention()
     rows = []
     for name in names:
         q = settings.get(name)
+        chosen = (q.retention_days if q else None) or {}
+        retention = [
+            RetentionCell(
+                status,
+                *rules.explain(name, status),
+                set_days=chosen.get(status) if isinstance(chosen, dict) else None,
+            )
+            for status in FINAL_STATUSES
+        ]
         rows.append(
             QueueRow(
                 name=name,
@@ -277,6 +309,7 @@ def queue_rows() -> list[QueueRow]:
                 oldest_ready=oldest.get(name),
                 messages=messages.get(name),
                 rate_limit_per_second=q.rate_limit_per_second if q else None,
+                retention=retention,
             )
         )
     return rows

@@ -58,4 +58,5 @@ urlpatterns = [
     path("dashboard/queues/resume/", actions.resume, name="resume"),
     path("dashboard/queues/cap/", actions.set_cap, name="cap"),
     path("dashboard/queues/rate/", actions.set_rate_limit, name="rate-limit"),
+    path("dashboard/queues/retention/", actions.set_retention, name="retention"),
 ]

@@ -1,7 +1,7 @@
 """The operators' audit log: one ``OperatorAction`` row per operator action, whichever face made it.
 
 Every action an operator can take (cancel, retry, bulk cancel/retry, pause,
-resume, concurrency cap, rate limit, orphan requeue, schedules, a remote
+resume, concurrency cap, rate limit, retention, orphan requeue, schedules, a remote
 operation's declaration, a change made through the Django admin) writes a row
 naming who did it, to what, how many jobs changed and why, in the same
 transaction as the change where the change is a single write. Job timelines
@@ -26,6 +26,7 @@ PAUSE = "pause"
 RESUME = "resume"
 SET_CAP = "set_cap"
 SET_RATE_LIMIT = "set_rate_limit"
+SET_RETENTION = "set_retention"  # a queue's retention by status (jobs.retention)
 APPLY_SETTINGS = "queue_settings"  # CONTROLPLANE["QUEUES"] applied at start (jobs.queue_limits)
 REQUEUE_ORPHAN = "requeue_orphan"
 PURGE = "purge"  # manage.py jobs purge
@@ -58,6 +59,7 @@ LABELS: dict[str, str] = {
     RESUME: "Resumed",
     SET_CAP: "Concurrency cap",
     SET_RATE_LIMIT: "Rate limit",
+    SET_RETENTION: "Retention",
     APPLY_SETTINGS: "Queue settings applied",
     REQUEUE_ORPHAN: "Requeued orphan",
     PURGE: "Purged finished jobs",

@@ -25,15 +25,19 @@ period was retired (below). Before a range is attached, its rows are moved
 out of DEFAULT, so the reaper catching up never fails on them.
 
 :func:`retire_partitions` drops a partition once its whole period is older
-than the retention cutoff. Jobs of that period that retention will not
+than the retention cutoff, which the reaper takes from the longest retention
+in force (``jobs.retention``: by status and by queue, ``Retention.longest``),
+so no finished job a retention still keeps loses its events that way; jobs
+of a shorter retention are deleted with their events by the reaper's
+DELETE before their partition goes. Jobs of that period that retention will not
 delete now (not finished before the cutoff, or with children) keep their
 events: those rows are copied into DEFAULT in the same transaction, so a job
 scheduled weeks ahead or running for days never loses its timeline. The job
 rows themselves go by the usual batched DELETE (``delete_finished_jobs``),
 which on a partitioned table only takes jobs no attached range covers: their
 events are in DEFAULT (few) or already dropped, so it deletes no events in
-bulk. A job thus stays up to one partition period longer than
-``RETENTION_DAYS``.
+bulk. A job of the longest retention thus stays up to one partition period
+longer than it.
 
 SQLite keeps the plain table: every function here is a no-op there.
 """

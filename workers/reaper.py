@@ -48,6 +48,7 @@ from jobs.partitions import (
 )
 from jobs.queue_limits import apply_configured_queues
 from jobs.rescues import fail_timed_out, requeue_expired_leases
+from jobs.retention import current_retention
 from jobs.schedules.declared import sync_code_schedules
 from jobs.schedules.firing import FireTimer, fire_due_schedules, prune_fires
 from jobs.tables import BATCH_MESSAGE_TABLE, BATCH_RECEIPT_TABLE, EVENT_TABLE, JOB_TABLE
@@ -63,6 +64,7 @@ log = logging.getLogger("workers")
 # huge backlog is worked off over several passes and every step gets its turn.
 ROUNDS_PER_PASS = 10
 TERMINAL = "('succeeded', 'failed', 'cancelled')"
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 
 @dataclass
@@ -219,29 +221,50 @@ class Reaper:
                 break
 
     def _partitions(self, now: datetime, result: ReaperResult) -> None:
-        """PostgreSQL: make the event partitions ahead, drop those past the retention whole."""
+        """PostgreSQL: make the event partitions ahead, drop those past the retention whole.
+
+        The cutoff is the longest retention in force (``jobs.retention``): no
+        finished job a shorter one still keeps can lose its events that way.
+        """
         result.partitions_created += ensure_partitions(now)
-        cutoff = now - timedelta(days=self.config.retention_days)
-        result.partitions_dropped += retire_partitions(cutoff).dropped
+        longest = current_retention(self.config.retention_days).longest
+        result.partitions_dropped += retire_partitions(now - timedelta(days=longest)).dropped
 
     def _retention(self, now: datetime, result: ReaperResult) -> None:
-        """Delete finished jobs past the retention (leaves first) with their rows, in batches.
+        """Delete finished jobs past their retention (leaves first) with their rows, in batches.
 
-        With partitioned events, a job an attached partition covers waits for
-        its partition to be dropped (``_partitions``), events and all, which
-        happens one period after the cutoff passes the period's end; only
-        jobs finished longer ago than that (a clock moved, rows edited) go
-        here, so nothing is left behind.
+        Each job by the retention of its queue and status (``jobs.retention``):
+        one deletion per group of statuses sharing a retention, and one per
+        queue with rules of its own.
+
+        With partitioned events, a job of the longest retention that an
+        attached partition covers waits for its partition to be dropped
+        (``_partitions``), events and all, which happens one period after the
+        cutoff passes the period's end; only jobs finished longer ago than
+        that (a clock moved, rows edited) go here, so nothing is left behind.
+        Jobs of a shorter retention go here, their events by DELETE: keeping
+        them until their partition goes would keep them the longest retention.
         """
         size = int(self.config.retention_batch_size)
-        cutoff = now - timedelta(days=self.config.retention_days)
+        rules = current_retention(self.config.retention_days)
         covered = covered_ranges(event_partitions()) if is_partitioned() else []
-        late = cutoff - period() if covered else None
-        for _ in range(ROUNDS_PER_PASS):
-            deleted = delete_finished_jobs(cutoff, size, covered=covered, covered_cutoff=late)
-            result.jobs_deleted += deleted
-            if deleted < size:
-                break
+        for cut in rules.cuts(now):
+            waits = covered if cut.longest else []
+            late = cut.cutoff - period() if waits else None
+            for _ in range(ROUNDS_PER_PASS):
+                deleted = delete_finished_jobs(
+                    cut.cutoff,
+                    size,
+                    covered=waits,
+                    covered_cutoff=late,
+                    statuses=cut.statuses,
+                    queues=cut.queues,
+                    excluded_queues=cut.excluded,
+                )
+                result.jobs_deleted += deleted
+                if deleted < size:
+                    break
+        cutoff = now - timedelta(days=rules.default)
         for _ in range(ROUNDS_PER_PASS):
             pruned = prune_fires(cutoff, size)
             result.fires_pruned += pruned
@@ -341,8 +364,15 @@ def delete_finished_jobs(
     *,
     covered: Sequence[tuple[uuid.UUID, uuid.UUID]] = (),
     covered_cutoff: datetime | None = None,
+    statuses: Sequence[str] = TERMINAL_STATUSES,
+    queues: Sequence[str] | None = None,
+    excluded_queues: Sequence[str] = (),
 ) -> int:
     """Delete up to ``limit`` jobs finished before ``cutoff`` that have no children, and their rows.
+
+    Only jobs in one of ``statuses``, of ``queues`` (None: any) and of no queue
+    in ``excluded_queues``: the reaper's retention makes one call per group
+    (``jobs.retention.Retention.cuts``).
 
     A job whose id lies in one of the ``covered`` ranges ``[low, high)`` (on
     PostgreSQL, the attached event partitions) goes only if it finished
@@ -357,12 +387,21 @@ def delete_finished_jobs(
     """
     d = dialect()
     lock = " FOR UPDATE OF j SKIP LOCKED" if d.postgres else ""
-    finished = f"status IN {TERMINAL} AND finished_at < %s"
+    chosen = [s for s in statuses if s in TERMINAL_STATUSES]
+    if not chosen or (queues is not None and not queues):
+        return 0
+    finished = f"status IN {d.in_list(len(chosen))} AND finished_at < %s"
+    picked: list[object] = [*chosen]
+    if queues is not None:
+        finished += f" AND queue IN {d.in_list(len(queues))}"
+    if excluded_queues:
+        finished += f" AND queue NOT IN {d.in_list(len(excluded_queues))}"
     outside, bounds = "", []
     if covered:
         ranges = " AND ".join("NOT (id >= %s AND id < %s)" for _ in covered)
         outside = f" AND (finished_at < %s OR ({ranges}))"
         bounds = [d.ts(covered_cutoff or cutoff), *(d.uuid(v) for pair in covered for v in pair)]
+    where = [*picked, d.ts(cutoff), *(queues or ()), *excluded_queues]
     leaf = f"NOT EXISTS (SELECT 1 FROM {JOB_TABLE} c WHERE c.parent_id = {{table}}.id)"
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
@@ -370,7 +409,7 @@ def delete_finished_jobs(
             f"AND {leaf.format(table=JOB_TABLE)} "
             f"AND id IN (SELECT j.id FROM {JOB_TABLE} j WHERE {finished}{outside} "
             f"AND {leaf.format(table='j')} LIMIT %s{lock}) RETURNING id",
-            [d.ts(cutoff), *bounds, d.ts(cutoff), *bounds, int(limit)],
+            [*where, *bounds, *where, *bounds, int(limit)],
         )
         ids = [r[0] for r in cursor.fetchall()]
         if ids:

@@ -17,7 +17,8 @@ from dashboard.db import timeout_response
 from dashboard.views.common import action, base_context, refused
 from jobs import bulk_actions, operator_actions
 from jobs.exceptions import JobNotFound
-from jobs.queue_limits import LimitError, check_cap, parse_rate
+from jobs.queue_limits import LimitError, check_cap, parse_rate, set_queue_retention
+from jobs.retention import FINAL_STATUSES, RetentionError, parse_days
 from jobs.selectors import parse_uuid, read_job_filters
 from jobs.selectors.timeouts import is_timeout
 
@@ -238,4 +239,26 @@ def set_rate_limit(request: HttpRequest) -> HttpResponse:
         messages.success(request, f"Queue {name} has no rate limit now.")
     else:
         messages.success(request, f"Queue {name} starts at most {value:g} jobs a second.")
+    return _back(request, reverse("dashboard:queues"))
+
+
+@action
+def set_retention(request: HttpRequest) -> HttpResponse:
+    """A queue's retention by status, in days; a blank field follows the settings."""
+    name = _queue_name(request)
+    try:
+        days = {
+            status: value
+            for status in FINAL_STATUSES
+            if (value := parse_days(request.POST.get(f"retention_{status}", ""))) is not None
+        }
+        set_queue_retention(name, days or None, user=request.user)
+    except RetentionError as error:
+        messages.error(request, f"{error} Leave a field empty to follow the settings.")
+        return _back(request, reverse("dashboard:queues"))
+    if days:
+        kept = ", ".join(f"{status} {value:g} d" for status, value in days.items())
+        messages.success(request, f"Queue {name} keeps finished jobs: {kept}.")
+    else:
+        messages.success(request, f"Queue {name} follows the settings' retention now.")
     return _back(request, reverse("dashboard:queues"))

@@ -1,0 +1,59 @@
+"""``POST /jobs`` ``retry``: a job's own retry policy, checked and stored, on both databases."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_valid_retry_override_is_stored_on_the_job(operator):
+    body = {
+        "operation": "ping",
+        "retry": {
+            "backoff_seconds": 5,
+            "backoff_max_seconds": 60,
+            "jitter": 0,
+            "strategy": "linear",
+        },
+    }
+    response = operator.post("/jobs", body)
+    assert response.status_code == 201, response.content
+    stored = Job.objects.values_list("retry_policy", flat=True).get(pk=response.json()["id"])
+    assert stored == {
+        "backoff_seconds": 5.0,
+        "backoff_max_seconds": 60.0,
+        "jitter": 0.0,
+        "strategy": "linear",
+    }
+
+
+def test_without_retry_nothing_is_stored(operator):
+    response = operator.post("/jobs", {"operation": "ping", "retry": None})
+    assert response.status_code == 201, response.content
+    assert Job.objects.values_list("retry_policy", flat=True).get(pk=response.json()["id"]) is None
+
+
+@pytest.mark.parametrize(
+    ("retry", "field", "words"),
+    [
+        ({"jitter": 2}, "retry.jitter", "fraction from 0 to 1"),
+        ({"backoff_seconds": -1}, "retry.backoff_seconds", "from 0"),
+        ({"strategy": "random"}, "retry.strategy", "exponential, linear, constant"),
+        ({"max_retry_later": "ten"}, "retry.max_retry_later", "whole number"),
+        ({"retry_on": ["ValueError"]}, "retry.retry_on", "declared on the operation"),
+        ({"backoff": 1}, "retry.backoff", "not one of them"),
+        ("fast", "retry", "must be an object"),
+    ],
+)
+def test_a_bad_retry_override_is_a_400_naming_the_field(operator, retry, field, words):
+    before = Job.objects.count()
+    response = operator.post("/jobs", {"operation": "ping", "retry": retry})
+    assert response.status_code == 400, response.content
+    answer = response.json()
+    assert set(answer) == {"message", "errors"}
+    assert field in answer["errors"], answer
+    assert words in answer["errors"][field][0]
+    assert Job.objects.count() == before
