@@ -42,7 +42,7 @@ from jobs.conf import knob
 from jobs.enqueue_hooks import add_after_enqueue
 from jobs.exceptions import LeaseLost
 from jobs.independent import ALIAS as INDEPENDENT_ALIAS
-from jobs.models import BatchMessage, Job, Queue, QueueKind
+from jobs.models import BatchMessage, Job, Queue, QueueKind, Schedule
 from jobs.operations import OperationRegistry
 from jobs.operations import registry as default_registry
 from jobs.rescheduling import NotWaiting, run_job_now
@@ -97,23 +97,49 @@ def enqueued_jobs(
     *,
     queue: str | None = None,
     payload: Mapping[str, Any] | None = None,
+    parent: Job | uuid.UUID | str | None = None,
+    schedule: Schedule | uuid.UUID | str | None = None,
 ) -> list[Job]:
-    """Every stored job (any status, children too) matching all the given criteria, oldest first."""
+    """Every stored job (any status, children too) matching all the given criteria, oldest first.
+
+    ``parent`` (a ``Job`` or its id) keeps the children that job enqueued;
+    ``schedule`` (a ``Schedule`` or its id) keeps the jobs that schedule fired.
+    """
     jobs = Job.objects.all()
     if operation is not None:
         jobs = jobs.filter(operation=operation)
     if queue is not None:
         jobs = jobs.filter(queue=queue)
+    if parent is not None:
+        jobs = jobs.filter(parent=parent)
+    if schedule is not None:
+        jobs = jobs.filter(schedule=schedule)
     found = list(jobs.order_by("created_at", "id"))
     if payload is not None:
         found = [job for job in found if payload_contains(job.payload, payload)]
     return found
 
 
-def _criteria(operation: str | None, queue: str | None, payload: Any) -> str:
+def _pk(value: Any) -> Any:
+    """A model instance's primary key (what a failure message names), anything else as given."""
+    return getattr(value, "pk", value)
+
+
+def _criteria(
+    operation: str | None,
+    queue: str | None,
+    payload: Any,
+    parent: Any = None,
+    schedule: Any = None,
+) -> str:
     parts = [
         f"{name}={value!r}"
-        for name, value in (("operation", operation), ("queue", queue))
+        for name, value in (
+            ("operation", operation),
+            ("queue", queue),
+            ("parent", _pk(parent)),
+            ("schedule", _pk(schedule)),
+        )
         if value is not None
     ]
     if payload is not None:
@@ -138,20 +164,24 @@ def assert_enqueued(
     *,
     queue: str | None = None,
     payload: Mapping[str, Any] | None = None,
+    parent: Job | uuid.UUID | str | None = None,
+    schedule: Schedule | uuid.UUID | str | None = None,
     count: int | None = None,
 ) -> list[Job]:
     """Assert that matching jobs were enqueued (at least one, or exactly ``count``); return them.
 
-    ``payload`` matches a subset (``payload_contains``). A job counts whatever
-    its status now, so it still counts after ``drain_jobs`` ran it. The
+    ``payload`` matches a subset (``payload_contains``); ``parent`` and
+    ``schedule`` as in ``enqueued_jobs``. A job counts whatever its status
+    now, so it still counts after ``drain_jobs`` ran it. The
     ``AssertionError`` lists every job that was enqueued, to show the near miss.
     """
-    found = enqueued_jobs(operation, queue=queue, payload=payload)
+    found = enqueued_jobs(operation, queue=queue, payload=payload, parent=parent, schedule=schedule)
     if (len(found) >= 1) if count is None else (len(found) == count):
         return found
     wanted = "at least one job" if count is None else f"exactly {count} job(s)"
+    criteria = _criteria(operation, queue, payload, parent, schedule)
     raise AssertionError(
-        f"Expected {wanted} with {_criteria(operation, queue, payload)}; found {len(found)}.\n"
+        f"Expected {wanted} with {criteria}; found {len(found)}.\n"
         + _listing(enqueued_jobs(), "Enqueued jobs")
     )
 
@@ -161,12 +191,15 @@ def refute_enqueued(
     *,
     queue: str | None = None,
     payload: Mapping[str, Any] | None = None,
+    parent: Job | uuid.UUID | str | None = None,
+    schedule: Schedule | uuid.UUID | str | None = None,
 ) -> None:
     """Assert that no job matching the criteria was enqueued; the error lists those that were."""
-    found = enqueued_jobs(operation, queue=queue, payload=payload)
+    found = enqueued_jobs(operation, queue=queue, payload=payload, parent=parent, schedule=schedule)
     if found:
+        criteria = _criteria(operation, queue, payload, parent, schedule)
         raise AssertionError(
-            f"Expected no job with {_criteria(operation, queue, payload)}; found {len(found)}.\n"
+            f"Expected no job with {criteria}; found {len(found)}.\n"
             + _listing(found, "Matching jobs")
         )
 
