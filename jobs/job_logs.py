@@ -30,7 +30,7 @@ from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.exceptions import JobCancelled, JobNotFound, LeaseLost
 from jobs.models import Job, JobEvent
-from jobs.storable import printable, truncated
+from jobs.storable import printable
 from jobs.tables import EVENT_TABLE
 from jobs.transitions import RunEvent, append_run_events
 
@@ -89,8 +89,17 @@ class LogRecord:
 
 def stored_message(text: str, limits: LogLimits) -> str:
     """``text`` as a log event's message: storable (NUL and lone surrogates replaced)
-    and cut at the per-record cap with a visible marker."""
-    return truncated(printable(text), limits.max_message_chars)
+    and, past the per-record cap, its head and its tail around a visible marker (a
+    traceback's last line says what was raised)."""
+    text = printable(text)
+    cap = limits.max_message_chars
+    if cap <= 0 or len(text) <= cap:
+        return text
+    tail = cap // 4
+    return (
+        f"{text[: cap - tail]}… [truncated: {len(text) - cap} of {len(text)} characters "
+        f"not stored] …{text[len(text) - tail :] if tail else ''}"
+    )
 
 
 class JobLogBudget:

@@ -112,7 +112,7 @@ def test_remote_logs_are_bounded_on_the_server(api_for, settings):
     assert [e.level for e in logs[:3]] == ["info", "warning", "error"]
     assert logs[0].fields == {"logger": "ops", "levelname": "INFO", "source": "remote"}
     assert logs[1].message == "<script>alert(1)</script>"  # stored as text; pages escape it
-    assert logs[2].message.startswith("x" * 50 + "… [truncated")
+    assert logs[2].message.startswith("x" * 38 + "… [truncated: 30 of 80")
     assert logs[0].ts < logs[1].ts  # stamped with the server's time less the age
     assert logs[-1].fields["dropped_records"] == 2
     assert_consistent(job_id)
