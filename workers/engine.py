@@ -450,8 +450,7 @@ class JobWorker:
         if isinstance(answer, NotNow):
             self._hold.start(answer)
             return False
-        if answer:
-            self._hold.end()
+        self._hold.end()  # a hold that ran out is over, whatever this round's answer
         return bool(answer)
 
     # --- claiming --------------------------------------------------------------

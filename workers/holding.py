@@ -6,7 +6,7 @@ until then, and still wakes at once for a shutdown), logs a
 ``worker.holding_off`` line, and records the end and the reason on its
 ``Worker`` row (``holding_until``, ``holding_reason``), which the
 dashboard's workers page shows. The row is cleared once ``pre_dequeue``
-agrees to claim again (``worker.holding_ended``).
+answers anything else (``worker.holding_ended``).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class HoldOff:
         self.recorded = True
 
     def end(self) -> None:
-        """``pre_dequeue`` agreed to claim again: clear the row's record of the hold."""
+        """``pre_dequeue`` answered after the hold ran out: clear the row's record of it."""
         if not self.recorded:
             return
         self.recorded = False
