@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from jobs.models import Job, Schedule, ScheduleFire
+from jobs.models import Schedule, ScheduleFire
 from jobs.schedules.services import create_schedule
 from tests.factories import unique_queue
 from tests.integration.api.conftest import admin, api_for, operator, viewer  # noqa: F401
@@ -34,7 +34,3 @@ def fires(schedule: Schedule) -> list[tuple[Any, str, Any]]:
         .order_by("fire_at")
         .values_list("fire_at", "outcome", "job_id")
     )
-
-
-def jobs_of(schedule: Schedule) -> list[Job]:
-    return list(Job.objects.filter(schedule=schedule).order_by("created_at"))

@@ -9,12 +9,11 @@ import pytest
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from jobs.models import Job, OperatorAction, Schedule
+from django_controlplane.testing import assert_enqueued, refute_enqueued
+from jobs.models import OperatorAction, Schedule
 from jobs.schedules.firing import fire_due_schedules
 from tests.factories import unique_queue
 from tests.integration.api.conftest import assert_error_shape
-
-from .conftest import jobs_of
 
 pytestmark = pytest.mark.django_db
 
@@ -87,7 +86,7 @@ def test_a_fire_shows_in_the_schedule_and_in_the_job_list(operator):
     slot = when(made["next_fire_at"])
     fire_due_schedules(slot + timedelta(seconds=1))
     detail = operator.get(f"/schedules/{made['id']}").json()
-    [job] = jobs_of(Schedule.objects.get(pk=made["id"]))
+    [job] = assert_enqueued("ping", queue=made["queue"], schedule=made["id"], count=1)
     assert when(detail["last_fire_at"]) == slot
     assert detail["last_outcome"] == "queued" and detail["last_job"] == str(job.pk)
     [entry] = detail["history"]
@@ -97,7 +96,7 @@ def test_a_fire_shows_in_the_schedule_and_in_the_job_list(operator):
     listed = operator.get("/jobs", schedule=made["id"]).json()["results"]
     assert [j["id"] for j in listed] == [str(job.pk)]
     assert listed[0]["schedule"] == made["id"]
-    assert Job.objects.count() == 2
+    assert_enqueued(count=2)
     assert operator.get(f"/jobs/{job.pk}").json()["schedule"] == made["id"]
     assert operator.get("/jobs", schedule=str(uuid.uuid4())).json()["results"] == []
     body = assert_error_shape(operator.get("/jobs", schedule="nope"), 400)
@@ -152,12 +151,13 @@ def test_a_bad_change_is_refused_and_changes_nothing(operator, body, field):
 def test_delete_keeps_the_jobs_it_fired(operator):
     made = create(operator, every_seconds=60)
     fire_due_schedules(when(made["next_fire_at"]))
-    [job] = jobs_of(Schedule.objects.get(pk=made["id"]))
+    [job] = assert_enqueued(schedule=made["id"], count=1)
     response = operator.request("DELETE", f"/schedules/{made['id']}")
     assert response.status_code == 204 and response.content == b""
     assert_error_shape(operator.get(f"/schedules/{made['id']}"), 404)
     job.refresh_from_db()
     assert job.schedule_id is None and job.status == "queued"
+    refute_enqueued(schedule=made["id"])
     assert ("operator", "schedule_delete", made["name"]) in actions()
     assert_error_shape(operator.request("DELETE", f"/schedules/{made['id']}"), 404)
 
@@ -176,6 +176,8 @@ def test_pause_resume_and_run_now(operator):
     job = response.json()
     assert job["schedule"] == made["id"] and job["operation"] == "ping"
     assert job["status"] == "queued"
+    [stored] = assert_enqueued("ping", schedule=made["id"], count=1)
+    assert str(stored.pk) == job["id"]
     detail = operator.get(f"/schedules/{made['id']}").json()
     assert [(h["outcome"], h["job"]) for h in detail["history"]] == [("run_now", job["id"])]
     assert detail["next_fire_at"] == resumed["next_fire_at"]

@@ -12,8 +12,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.utils import timezone
 
-from jobs.claims import claim_jobs
-from jobs.models import Job, JobEvent, Schedule, ScheduleFire
+from django_controlplane.testing import assert_enqueued, drain_jobs, refute_enqueued
+from jobs.models import JobEvent, Schedule, ScheduleFire
 from jobs.operations import operation, registry
 from jobs.schedules.firing import ENQUEUE_FAILED, claim_slot, fire_due_schedules, prune_fires
 from jobs.schedules.services import (
@@ -22,21 +22,14 @@ from jobs.schedules.services import (
     resume_schedule,
     run_schedule_now,
 )
-from jobs.transitions import complete_job
 
-from .conftest import fires, jobs_of
+from .conftest import fires
 
 pytestmark = pytest.mark.django_db
 
 
 def fresh(schedule: Schedule) -> Schedule:
     return Schedule.objects.get(pk=schedule.pk)
-
-
-def finish(job: Job) -> None:
-    [held] = claim_jobs(queues=[job.queue], worker_id=job.pk, limit=1, lease_seconds=30)
-    assert held.id == job.pk
-    complete_job(job.pk, lease_token=held.lease_token, result={})
 
 
 def test_a_due_slot_fires_one_job_that_names_its_schedule(make_schedule):
@@ -46,13 +39,8 @@ def test_a_due_slot_fires_one_job_that_names_its_schedule(make_schedule):
     assert fire_due_schedules(slot - timedelta(microseconds=1)).fired == 0
     result = fire_due_schedules(slot)
     assert result.fired == 1
-    [job] = jobs_of(schedule)
-    assert (job.operation, job.queue, job.priority, job.status) == (
-        "ping",
-        schedule.queue,
-        5,
-        "queued",
-    )
+    [job] = assert_enqueued("ping", queue=schedule.queue, schedule=schedule, count=1)
+    assert (job.priority, job.status) == (5, "queued")
     assert fires(schedule) == [(slot, "enqueued", job.pk)]
     schedule = fresh(schedule)
     assert schedule.last_fire_at == slot
@@ -66,7 +54,7 @@ def test_a_due_slot_fires_one_job_that_names_its_schedule(make_schedule):
     }
     # Again at the same instant: nothing is due any more.
     assert fire_due_schedules(slot).fired == 0
-    assert len(jobs_of(schedule)) == 1
+    assert_enqueued(schedule=schedule, count=1)
 
 
 def test_a_slot_claimed_elsewhere_enqueues_nothing_here(make_schedule):
@@ -76,7 +64,7 @@ def test_a_slot_claimed_elsewhere_enqueues_nothing_here(make_schedule):
     assert claim_slot(schedule.pk, slot, timezone.now(), "enqueued") is not None
     assert claim_slot(schedule.pk, slot, timezone.now(), "enqueued") is None
     assert fire_due_schedules(slot).fired == 0
-    assert jobs_of(schedule) == []
+    refute_enqueued(schedule=schedule)
     assert ScheduleFire.objects.filter(schedule=schedule).count() == 1
     assert fresh(schedule).next_fire_at == slot + timedelta(seconds=60)
 
@@ -114,7 +102,7 @@ def test_catch_up_all_fires_each_missed_slot_up_to_the_bound(make_schedule, sett
     assert [f[0] for f in fires(schedule)][4:] == [
         first + timedelta(minutes=m) for m in range(59, 64)
     ]
-    assert len(jobs_of(schedule)) == 9
+    assert_enqueued("ping", schedule=schedule, count=9)
     assert fresh(schedule).next_fire_at == first + timedelta(minutes=64)
 
 
@@ -124,9 +112,10 @@ def test_overlap_skip_records_the_slot_without_a_job_while_a_run_is_active(make_
     assert fire_due_schedules(first).fired == 1
     result = fire_due_schedules(first + timedelta(minutes=1))
     assert (result.fired, result.skipped_overlap) == (0, 1)
-    [job] = jobs_of(schedule)
+    [job] = assert_enqueued(schedule=schedule, count=1)
     assert fires(schedule)[1] == (first + timedelta(minutes=1), "skipped_overlap", None)
-    finish(job)
+    # The run ends (run here, as a worker runs it): the next slot fires again.
+    assert [run.job_id for run in drain_jobs(queues=[schedule.queue]).runs] == [job.pk]
     assert fire_due_schedules(first + timedelta(minutes=2)).fired == 1
     assert [f[1] for f in fires(schedule)] == ["enqueued", "skipped_overlap", "enqueued"]
 
@@ -143,7 +132,7 @@ def test_overlap_allow_fires_beside_an_active_run(make_schedule):
     first = schedule.next_fire_at
     fire_due_schedules(first)
     assert fire_due_schedules(first + timedelta(minutes=1)).fired == 1
-    assert len(jobs_of(schedule)) == 2
+    assert_enqueued(schedule=schedule, count=2)
 
 
 def test_a_paused_schedule_does_not_fire_and_resumes_without_catching_up(make_schedule):
@@ -196,10 +185,11 @@ def test_a_fire_that_enqueue_refuses_is_recorded_and_the_schedule_moves_on(
 def test_deleting_a_schedule_keeps_its_jobs(make_schedule):
     schedule = make_schedule(every_seconds=60)
     fire_due_schedules(schedule.next_fire_at)
-    [job] = jobs_of(schedule)
+    [job] = assert_enqueued(schedule=schedule, count=1)
     delete_schedule(schedule.pk)
     job.refresh_from_db()
     assert job.schedule_id is None and job.status == "queued"
+    refute_enqueued(schedule=schedule.pk)
     assert not ScheduleFire.objects.filter(schedule_id=schedule.pk).exists()
 
 

@@ -13,17 +13,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.claims import claim_jobs
+from django_controlplane.testing import assert_enqueued, drain_jobs, enqueued_jobs
 from jobs.conf import DEFAULTS
 from jobs.models import Job, JobEvent, Schedule, ScheduleFire
 from jobs.schedules.firing import fire_due_schedules
 from jobs.schedules.services import create_schedule, pause_schedule
-from jobs.transitions import complete_job
 from tests.conftest import wait_for
 from tests.factories import unique_queue
 from workers.reaper import Reaper, delete_finished_jobs
 
-from .conftest import fires, jobs_of
+from .conftest import fires
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,7 +63,7 @@ def test_two_reapers_fire_each_slot_of_an_every_second_schedule_exactly_once(sta
     assert slots == [slots[0] + timedelta(seconds=i) for i in range(len(slots))]
     assert all(outcome == "enqueued" and job for _, outcome, job in rows), rows
     # One job per slot, and no job without its slot.
-    jobs = jobs_of(schedule)
+    jobs = enqueued_jobs(schedule=schedule)
     assert sorted(str(j.pk) for j in jobs) == sorted(str(row[2]) for row in rows)
     stamped = JobEvent.objects.filter(job__schedule=schedule, seq=1).values_list(
         "fields__fire_at", flat=True
@@ -108,16 +107,15 @@ def test_a_reaper_pass_fires_what_is_due():
     wait_for(lambda: schedule.next_fire_at <= timezone.now(), message="the first slot")
     result = Reaper().run_once()
     assert result.schedules_fired == 1 and result.errors == 0
-    assert len(jobs_of(schedule)) == 1
+    assert_enqueued("ping", queue=schedule.queue, schedule=schedule, count=1)
 
 
 def test_retention_deletes_old_scheduled_jobs_and_keeps_their_fire_records():
     schedule = create_schedule({"operation": "ping", "every_seconds": 60, "queue": unique_queue()})
     slot = schedule.next_fire_at
     fire_due_schedules(slot)
-    [job] = jobs_of(schedule)
-    [held] = claim_jobs(queues=[job.queue], worker_id=job.pk, limit=1, lease_seconds=30)
-    complete_job(job.pk, lease_token=held.lease_token, result={})
+    [job] = assert_enqueued(schedule=schedule, count=1)
+    assert drain_jobs(queues=[job.queue]).counts == {"succeeded": 1}
     Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(days=30))
     # Committed on its own (this test runs outside a transaction): the foreign key is checked.
     assert delete_finished_jobs(timezone.now() - timedelta(days=7), 100) == 1
