@@ -15,6 +15,7 @@ from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.utils import timezone
 
+from django_controlplane.testing import assert_enqueued
 from jobs.conf import knob
 from jobs.enqueue import JobSpec, enqueue, enqueue_many
 from jobs.exceptions import EnqueueError, UnknownOperation
@@ -92,7 +93,8 @@ def test_idempotency_key_returns_the_first_job():
     again = enqueue("sleep", {"seconds": 2}, idempotency_key="order-42")
     assert again.pk == first.pk
     assert again.payload == {"seconds": 1}
-    assert Job.objects.filter(unique_key="order-42").count() == 1
+    [only] = assert_enqueued("sleep", count=1)
+    assert (only.pk, only.unique_key) == (first.pk, "order-42")
     assert timeline(first) == [(1, "job.enqueued")]
 
 
@@ -109,7 +111,7 @@ def test_idempotency_key_inside_enqueue_many():
     assert jobs[0].pk == first.pk
     assert jobs[3].pk == jobs[1].pk
     assert len({j.pk for j in jobs}) == 3
-    assert Job.objects.count() == 3
+    assert_enqueued(count=3)
     assert not JobEvent.objects.exists()  # enqueue stores no event row
     for pk in {j.pk for j in jobs}:
         assert timeline_of(pk) == [(1, "job.enqueued")]  # one each, duplicates add none
@@ -245,7 +247,8 @@ def test_parent_is_recorded():
     by_text = enqueue("ping", parent=str(parent.pk))
     by_hex = enqueue("ping", parent=parent.pk.hex)
     assert {fresh(j).parent_id for j in (child, by_text, by_hex)} == {parent.pk}
-    assert set(parent.children.values_list("pk", flat=True)) == {child.pk, by_text.pk, by_hex.pk}
+    children = assert_enqueued("ping", parent=parent, count=3)
+    assert {j.pk for j in children} == {child.pk, by_text.pk, by_hex.pk}
 
 
 # --- operations ------------------------------------------------------------------------------
@@ -385,8 +388,8 @@ def run_enqueue(*args: str) -> str:
 
 def test_cli_prints_the_new_jobs_id():
     printed = run_enqueue("ping")
-    job = Job.objects.get(pk=uuid.UUID(printed))
-    assert (job.operation, job.status, job.queue, job.payload) == ("ping", "queued", "default", {})
+    [job] = assert_enqueued("ping", queue="default", count=1)
+    assert (str(job.pk), job.status, job.payload) == (printed, "queued", {})
 
 
 def test_cli_options():
@@ -401,8 +404,8 @@ def test_cli_options():
         "--run-after",
         "2030-01-02T03:04:05+00:00",
     )
-    job = fresh(uuid.UUID(printed))
-    assert (job.payload, job.queue, job.priority) == ({"seconds": 0.25}, "cli", -5)
+    [job] = assert_enqueued("sleep", queue="cli", payload={"seconds": 0.25}, count=1)
+    assert (str(job.pk), job.payload, job.priority) == (printed, {"seconds": 0.25}, -5)
     assert job.run_after.isoformat() == "2030-01-02T03:04:05+00:00"
 
 

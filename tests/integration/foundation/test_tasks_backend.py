@@ -1,4 +1,5 @@
-"""Django 6 ``@task`` functions through our backend, with the worker simulated by hand."""
+"""Django 6 ``@task`` functions through our backend, run in the test by ``drain_jobs``
+(the worker's own claim, runner and completion); a real worker process runs them last."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from django.tasks import default_task_backend, task, task_backends
 from django.tasks.base import TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 
+from django_controlplane.testing import JobRun, drain_jobs
 from jobs.claims import claim_jobs
 from jobs.enqueue import enqueue
 from jobs.models import Job
-from jobs.operations import registry
 from jobs.tasks_backend import OPERATION, ControlPlaneTaskBackend
-from jobs.transitions import cancel_job, complete_job, fail_job
-from tests.factories import assert_consistent, context, fresh, timeline
+from jobs.transitions import cancel_job, fail_job
+from tests.factories import assert_consistent, fresh, timeline
 
 pytestmark = pytest.mark.django_db
 
@@ -42,22 +43,11 @@ def whoami(context, suffix):
     return f"{context.task_result.id}:{context.attempt}:{suffix}"
 
 
-def run_one_job():
-    """What a worker does: claim, run ``django.task`` with a JobContext, record the outcome."""
-    [held] = claim_jobs(queues=[QUEUE], worker_id=uuid.uuid4(), limit=1, lease_seconds=30)
-    assert held.operation == OPERATION
-    try:
-        value = registry.get(OPERATION).execute(context(held), held.payload)
-    except Exception as error:
-        fail_job(
-            held.id,
-            lease_token=held.lease_token,
-            error_code=type(error).__name__,
-            error_message=str(error),
-        )
-    else:
-        complete_job(held.id, lease_token=held.lease_token, result=value)
-    return held
+def run_one_job() -> JobRun:
+    """The one task job enqueued, run once as a worker runs it: claim, ``django.task``, outcome."""
+    [run] = drain_jobs(queues=[QUEUE]).runs
+    assert (run.operation, run.attempt) == (OPERATION, 1)
+    return run
 
 
 def test_our_backend_is_the_default():
@@ -76,7 +66,7 @@ def test_enqueue_creates_a_job_and_get_result_reads_it_back():
     assert job.payload["args"] == [2, 3]
     assert timeline(job) == [(1, "job.enqueued")]
 
-    run_one_job()
+    assert run_one_job().job_id == job.pk
 
     finished = add.get_result(result.id)
     assert finished.status == TaskResultStatus.SUCCESSFUL
@@ -98,7 +88,8 @@ def test_kwargs_priority_and_structured_results():
 
 def test_a_failing_task_is_failed():
     result = explode.enqueue("kaboom")
-    held = run_one_job()
+    run = run_one_job()
+    assert run.outcome == "failed"
     failed = explode.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED
     assert failed.is_finished
@@ -106,8 +97,8 @@ def test_a_failing_task_is_failed():
     assert "kaboom" in failed.errors[0].traceback
     with pytest.raises(ValueError):
         failed.return_value  # noqa: B018 - the property raises for a failed task
-    assert fresh(held.id).status == "failed"
-    events = [e for _, e in assert_consistent(held.id)]
+    assert fresh(run.job_id).status == "failed"
+    events = [e for _, e in assert_consistent(run.job_id)]
     assert events == ["job.enqueued", "job.started", "task.error", "job.failed"]
 
 
