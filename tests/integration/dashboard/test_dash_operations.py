@@ -16,8 +16,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from django_controlplane.remote import register_worker
+from django_controlplane.testing import assert_enqueued, refute_enqueued
 from jobs import audit
-from jobs.models import Job, OperatorAction
+from jobs.models import OperatorAction
 from jobs.operations import operation, registry
 from tests.factories import HOSTILE_SCRIPT, make_user
 from tests.integration.timelines import events_of
@@ -86,7 +87,8 @@ def assert_refused(response) -> str:
     assert response.status_code == 400, response.status_code
     html = response.content.decode()
     assert NUL not in html
-    assert not Job.objects.exists() and not OperatorAction.objects.exists()
+    refute_enqueued()
+    assert not OperatorAction.objects.exists()
     return html
 
 
@@ -143,7 +145,7 @@ def test_a_remote_operation_name_is_escaped(operator_client: Client) -> None:
 def test_an_operator_enqueues_from_the_typed_form(operator_client: Client) -> None:
     data = flat_post(priority="5", run_after="2031-02-03T04:05")
     response = operator_client.post(ENQUEUE, data)
-    job = Job.objects.get()
+    [job] = assert_enqueued(FLAT, queue="dashop", count=1)
     assert response.status_code == 302 and response["Location"] == f"/dashboard/jobs/{job.pk}/"
     assert job.payload == {
         "title": "Quarterly report",
@@ -167,15 +169,14 @@ def test_empty_optional_inputs_are_left_out_and_an_enum_keeps_its_type(
     operator_client: Client,
 ) -> None:
     operator_client.post(ENQUEUE, flat_post(p2="", p3="", p4="2", queue="  other  "))
-    job = Job.objects.get()
+    [job] = assert_enqueued(FLAT, queue="other", count=1)
     assert job.payload == {"title": "Quarterly report", "count": 7, "size": 3}
-    assert job.queue == "other"
 
 
 def test_an_operator_enqueues_json_for_a_nested_schema(operator_client: Client) -> None:
     payload = '{"target": {"id": 42, "tags": ["a", "b"]}}'
     response = operator_client.post(ENQUEUE, {"operation": NESTED, "payload": payload})
-    job = Job.objects.get()
+    [job] = assert_enqueued(NESTED, payload={"target": {"id": 42}}, count=1)
     assert response["Location"] == f"/dashboard/jobs/{job.pk}/"
     assert job.payload == {"target": {"id": 42, "tags": ["a", "b"]}}
     assert OperatorAction.objects.get().target == str(job.pk)
@@ -220,10 +221,13 @@ def test_enqueueing_needs_an_operator_post_and_a_csrf_token(viewer_client: Clien
     operator.force_login(make_user("operator"))
     assert operator.get(ENQUEUE).status_code == 405
     assert operator.post(ENQUEUE, flat_post()).status_code == 403
-    assert not Job.objects.exists() and not OperatorAction.objects.exists()
+    refute_enqueued()
+    assert not OperatorAction.objects.exists()
     token = operator.get(PAGE).context["csrf_token"]
     accepted = operator.post(ENQUEUE, flat_post(csrfmiddlewaretoken=str(token)))
-    assert accepted.status_code == 302 and Job.objects.count() == 1
+    assert accepted.status_code == 302
+    [job] = assert_enqueued(count=1)
+    assert job.operation == FLAT
 
 
 # --- hostile input: an inline error, never a 500, nothing stored -----------------------

@@ -17,8 +17,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from django_controlplane.testing import assert_enqueued, refute_enqueued
 from jobs import audit
-from jobs.models import Job, OperatorAction, Schedule, ScheduleFire
+from jobs.models import OperatorAction, Schedule, ScheduleFire
 from jobs.operations import operation, registry
 from jobs.schedules.firing import fire_due_schedules
 from jobs.schedules.services import create_schedule, pause_schedule, run_schedule_now
@@ -125,7 +126,7 @@ def test_the_detail_page_shows_settings_payload_fires_and_history(
     assert fire_due_schedules(first).fired == 1  # enqueued
     assert fire_due_schedules(first + timedelta(minutes=1)).skipped_overlap == 1
     ran = run_schedule_now(schedule.pk)  # run_now, whatever the overlap
-    [slot_job] = Job.objects.filter(schedule=schedule).exclude(pk=ran.pk)
+    [slot_job] = [j for j in assert_enqueued(schedule=schedule, count=2) if j.pk != ran.pk]
 
     response = viewer_client.get(page_of(schedule))
     assert response.status_code == 200
@@ -235,8 +236,8 @@ def test_run_now_enqueues_a_job_linked_to_the_schedule(operator_client: Client) 
     pause_schedule(schedule.pk)  # run now works on a paused schedule too
     response = operator_client.post(page_of(schedule, "run"), {"reason": "backfill"}, follow=True)
     assert response.status_code == 200
-    [job] = Job.objects.filter(schedule=schedule)
-    assert (job.operation, job.payload, job.queue) == (ECHO, {"n": 1}, schedule.queue)
+    [job] = assert_enqueued(ECHO, queue=schedule.queue, schedule=schedule, count=1)
+    assert job.payload == {"n": 1}
     assert ScheduleFire.objects.get(schedule=schedule).outcome == "run_now"
     page = response.content.decode()
     assert "Schedule ran now" in page and f'href="/dashboard/jobs/{job.pk}/"' in page
@@ -258,7 +259,7 @@ def test_run_now_that_enqueue_refuses_is_a_400_and_leaves_nothing(
     response = operator_client.post(page_of(schedule, "run"))
     assert response.status_code == 400
     assert vanishing_operation in response.content.decode()
-    assert not Job.objects.filter(schedule=schedule).exists()
+    refute_enqueued(schedule=schedule)
     assert not ScheduleFire.objects.filter(schedule=schedule).exists()
     assert not OperatorAction.objects.filter(action=audit.SCHEDULE_RUN).exists()
 
@@ -269,7 +270,7 @@ def test_viewers_cannot_act(viewer_client: Client) -> None:
         assert viewer_client.post(page_of(schedule, verb)).status_code == 403
     assert viewer_client.post(NEW, {"operation": ECHO, "every_seconds": "60"}).status_code == 403
     assert fresh(schedule).paused is False
-    assert not Job.objects.filter(schedule=schedule).exists()
+    refute_enqueued(schedule=schedule)
     assert Schedule.objects.count() == 1
     assert [a[0] for a in actions_of(schedule)] == [audit.SCHEDULE_CREATE]
 
@@ -290,7 +291,7 @@ def test_actions_need_a_csrf_token() -> None:
     assert client.post(page_of(schedule, "run")).status_code == 403
     assert client.post(NEW, {"operation": ECHO, "every_seconds": "60"}).status_code == 403
     assert fresh(schedule).paused is False
-    assert not Job.objects.filter(schedule=schedule).exists()
+    refute_enqueued(schedule=schedule)
     assert Schedule.objects.count() == 1
     token = str(client.get(page_of(schedule)).context["csrf_token"])
     response = client.post(page_of(schedule, "pause"), {"csrfmiddlewaretoken": token})
@@ -314,7 +315,7 @@ def test_hostile_names_and_payloads_are_escaped(operator_client: Client) -> None
     response = operator_client.post(page_of(schedule, "pause"), follow=True)
     page = response.content.decode()
     assert HOSTILE_SCRIPT not in page and "&lt;script&gt;" in page  # the message too
-    assert Job.objects.get(pk=job.pk).schedule_id == schedule.pk
+    assert [j.pk for j in assert_enqueued(schedule=schedule)] == [job.pk]
 
 
 def test_next_outside_the_site_is_ignored(operator_client: Client) -> None:
