@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from django_controlplane.testing import assert_enqueued, refute_enqueued
 from jobs.models import Job
 from tests.factories import (
     cancelled,
@@ -54,7 +55,8 @@ def test_enqueue_returns_201_and_the_job(operator):
     assert JOB_KEYS <= set(body)
     assert body["status"] == "queued" and body["operation"] == "ping" and body["priority"] == 5
     assert body["queue"] == "default" and body["parent"] is None and body["worker"] is None
-    job = Job.objects.get(pk=body["id"])
+    [job] = assert_enqueued("ping", queue="default", payload={}, count=1)
+    assert str(job.pk) == body["id"] and job.priority == 5
     assert timeline(job) == [(1, "job.enqueued")]
 
 
@@ -78,7 +80,9 @@ def test_enqueue_with_every_option(operator):
     body = response.json()
     assert (body["queue"], body["priority"], body["max_attempts"]) == ("special", -100, 4)
     assert body["parent"] == str(parent.pk) and body["idempotency_key"] == "k-1"
-    assert fresh(body["id"]).run_after > timezone.now() + timedelta(minutes=59)
+    [job] = assert_enqueued("sleep", queue="special", parent=parent, count=1)
+    assert (str(job.pk), job.payload) == (body["id"], {"seconds": 0.1})
+    assert job.run_after > timezone.now() + timedelta(minutes=59)
 
 
 def test_the_enqueue_answer_is_the_job_as_stored(operator, viewer):
@@ -114,7 +118,8 @@ def test_idempotent_repeat_returns_the_first_job_with_200(operator):
     again = operator.post("/jobs", {"operation": "ping", "idempotency_key": "same"})
     assert first.status_code == 201 and again.status_code == 200
     assert again.json()["id"] == first.json()["id"]
-    assert Job.objects.filter(unique_key="same").count() == 1
+    [job] = assert_enqueued("ping", count=1)
+    assert (str(job.pk), job.unique_key) == (first.json()["id"], "same")
 
 
 @pytest.mark.parametrize(
@@ -140,7 +145,7 @@ def test_enqueue_refusals_name_the_field(operator, body, field):
     response = operator.post("/jobs", body)
     error = assert_error_shape(response, 400)
     assert any(k == field or k.startswith(f"{field}.") for k in error["errors"]), error
-    assert not Job.objects.exists()
+    refute_enqueued()
 
 
 def test_enqueue_refuses_a_payload_over_the_payload_limit(operator, settings):

@@ -9,6 +9,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from django_controlplane.testing import assert_enqueued, refute_enqueued
 from jobs.models import Job
 from tests.factories import claim, fresh
 from tests.factories import failed as failed_job
@@ -36,7 +37,8 @@ def test_a_new_key_is_201_and_a_repeat_200_with_the_same_job(operator):
     assert again.status_code == 200, again.content
     assert again.json()["duplicate"] is True
     assert again.json()["id"] == body["id"] and again.json()["priority"] == 0
-    assert Job.objects.filter(unique_key="sync-42").count() == 1
+    [job] = assert_enqueued("ping", count=1)
+    assert (str(job.pk), job.unique_key, job.priority) == (body["id"], "sync-42", 0)
 
 
 def test_without_a_key_every_post_is_a_new_job(operator):
@@ -44,6 +46,8 @@ def test_without_a_key_every_post_is_a_new_job(operator):
     assert [a.status_code for a in answers] == [201, 201]
     assert [a.json()["duplicate"] for a in answers] == [False, False]
     assert answers[0].json()["unique_key"] is None and answers[0].json()["unique_while"] is None
+    stored = assert_enqueued("ping", count=2)
+    assert {str(j.pk) for j in stored} == {a.json()["id"] for a in answers}
 
 
 def test_the_key_is_free_again_once_the_holder_ended(operator):
@@ -103,10 +107,9 @@ def test_timeout_seconds_is_stored_and_shown(operator, viewer):
     ],
 )
 def test_bad_keys_modes_and_timeouts_are_400_in_the_error_shape(operator, body, field):
-    before = Job.objects.count()
     error = assert_error_shape(post(operator, **body), 400)
     assert field in error["errors"], error
-    assert Job.objects.count() == before
+    refute_enqueued()
 
 
 def test_a_retry_while_another_job_holds_the_key_is_409(operator):

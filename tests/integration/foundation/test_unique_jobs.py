@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import jobs.enqueue as enqueue_module
+from django_controlplane.testing import drain_jobs
 from jobs.enqueue import MAX_TIMEOUT_SECONDS, JobSpec, enqueue, enqueue_many
 from jobs.exceptions import EnqueueError, IllegalTransition
 from jobs.models import Job, JobEvent
@@ -49,8 +50,9 @@ def holders(key: str) -> list[Job]:
 
 
 def finish(job: Job) -> None:
-    held = claim(job)
-    complete_job(job.pk, lease_token=held.lease_token, result=None)
+    """Run ``job`` (alone in its queue) to success, as a worker runs it."""
+    result = drain_jobs(queues=[job.queue])
+    assert (result.job_ids, result.counts) == ([job.pk], {"succeeded": 1})
 
 
 # --- each mode's window -------------------------------------------------------------------
