@@ -326,8 +326,10 @@ def install() -> bool:
         _Capture.handler = JobLogHandler(_Capture.level)
         root.addHandler(_Capture.handler)
         _Capture.real_stdout, _Capture.real_stderr = sys.stdout, sys.stderr
-        sys.stdout = StreamRouter(sys.stdout, SOURCE_STDOUT)  # type: ignore[assignment]
-        sys.stderr = StreamRouter(sys.stderr, SOURCE_STDERR)  # type: ignore[assignment]
+        if sys.stdout is not None:  # None: a process started without one (a daemon)
+            sys.stdout = StreamRouter(sys.stdout, SOURCE_STDOUT)  # type: ignore[assignment]
+        if sys.stderr is not None:
+            sys.stderr = StreamRouter(sys.stderr, SOURCE_STDERR)  # type: ignore[assignment]
         _Capture.installed = True
         return True
 
