@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from jobs.models import Job
+from django_controlplane.testing import assert_enqueued, refute_enqueued
 from tests.factories import fresh
 
 pytestmark = pytest.mark.django_db
@@ -25,12 +25,12 @@ def enqueue_cli(*args: str) -> tuple[str, str]:
 def test_a_repeated_key_prints_the_holders_id_and_says_duplicate_on_stderr():
     first, quiet = enqueue_cli("ping", "--unique-key", "nightly", "--unique-while", "queued")
     assert quiet == ""
-    job = fresh(uuid.UUID(first))
-    assert (job.unique_key, job.unique_while) == ("nightly", "queued")
+    [job] = assert_enqueued("ping", count=1)
+    assert (str(job.pk), job.unique_key, job.unique_while) == (first, "nightly", "queued")
     again, said = enqueue_cli("ping", "--unique-key", "nightly", "--unique-while", "queued")
     assert again == first
     assert said.startswith("duplicate:") and first in said and "nothing was enqueued" in said
-    assert Job.objects.filter(unique_key="nightly").count() == 1
+    assert [str(j.pk) for j in assert_enqueued("ping", count=1)] == [first]
 
 
 def test_idempotency_key_still_works_as_a_key_held_until_retention():
@@ -62,4 +62,4 @@ def test_bad_options_are_refused_with_a_clear_message(args, expected):
     with pytest.raises(CommandError) as info:
         enqueue_cli("ping", *args)
     assert expected.replace("_", "-") in str(info.value) or expected in str(info.value)
-    assert Job.objects.count() == 0
+    refute_enqueued()

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
 
+from django_controlplane.testing import assert_enqueued, refute_enqueued
 from jobs.conf import DEFAULTS
 from jobs.enqueue import JobSpec, enqueue, enqueue_many
 from jobs.models import Job
@@ -88,7 +89,7 @@ def test_a_refused_enqueue_is_an_error_span_and_stores_nothing(spans):
     enqueue_span = spans.one("controlplane.enqueue")
     assert enqueue_span.status.status_code is StatusCode.ERROR
     assert [event.name for event in enqueue_span.events] == ["exception"]
-    assert not Job.objects.exists()
+    refute_enqueued()
 
 
 def test_the_run_span_continues_the_enqueuers_trace(spans):
@@ -150,8 +151,8 @@ def test_a_job_enqueued_by_a_run_continues_the_same_trace(spans):
     assert echo.parent.span_id == child_enqueue.context.span_id
     trace_ids = {s.context.trace_id for s in spans.all()}
     assert trace_ids == {request.get_span_context().trace_id}
-    child = Job.objects.get(pk=stored(parent).result["child"])
-    assert child.parent_id == parent.pk
+    [child] = assert_enqueued("tracing.echo", parent=parent, count=1)
+    assert str(child.pk) == stored(parent).result["child"]
 
 
 def test_without_tracing_nothing_is_stored_and_enqueue_costs_no_extra_query(no_sdk):
