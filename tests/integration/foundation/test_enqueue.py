@@ -15,14 +15,13 @@ from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.utils import timezone
 
-from django_controlplane.testing import assert_enqueued
+from django_controlplane.testing import assert_enqueued, drain_jobs
 from jobs.conf import knob
 from jobs.enqueue import JobSpec, enqueue, enqueue_many
 from jobs.exceptions import EnqueueError, UnknownOperation
 from jobs.models import Job, JobEvent
 from jobs.operations import Operation, discover_operations, operation, registry
-from jobs.transitions import complete_job
-from tests.factories import assert_consistent, claim, context, fresh, queued, timeline
+from tests.factories import assert_consistent, fresh, queued, timeline
 from tests.integration.timelines import timeline_of
 
 pytestmark = pytest.mark.django_db
@@ -293,9 +292,7 @@ def test_register_with_the_operation_decorator(scratch_registry):
     assert (fresh(job).queue, fresh(job).max_attempts) == ("maths", 4)
     _refused("payload.n", "test.double", {"n": "x"})
 
-    held = claim(job)
-    result = op.execute(context(held), held.payload)
-    complete_job(job.pk, lease_token=held.lease_token, result=result)
+    assert drain_jobs(queues=["maths"]).job_ids == [job.pk]
     assert fresh(job).result == 42
     assert [e for _, e in assert_consistent(job)] == [
         "job.enqueued",
@@ -323,8 +320,8 @@ def test_register_an_operation_subclass(scratch_registry):
     job = enqueue("test.greet", {"who": "world"})
     assert fresh(job).queue == "greetings"
     _refused("payload.who", "test.greet", {})
-    held = claim(job)
-    assert registry.get("test.greet").execute(context(held), held.payload) == "hello world"
+    assert drain_jobs(queues=["greetings"]).counts == {"succeeded": 1}
+    assert fresh(job).result == "hello world"
 
 
 def test_registering_without_a_name_or_with_a_bad_schema_is_refused(scratch_registry):
