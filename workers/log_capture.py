@@ -62,6 +62,8 @@ _current: contextvars.ContextVar[ClaimedJob | None] = contextvars.ContextVar(
 )
 # Rows per INSERT statement when a buffer is written.
 WRITE_CHUNK = 500
+# What Python's last-resort handler printed: WARNING and above, when no handler took it.
+LAST_RESORT_LEVEL = logging.WARNING
 # Records pending in one buffer that wake the flusher before its next tick.
 EARLY_FLUSH_RECORDS = 1000
 
@@ -121,10 +123,10 @@ class JobLog:
         if levelno < _Capture.level:
             return
         if self.budget.truncated:  # the common case of a job printing megabytes: count only
-            lines = text.count("\n")
+            newlines = text.count("\n")
             with self.lock:
-                self.budget.dropped_records += lines
-                self.budget.dropped_bytes += len(text) - lines
+                self.budget.dropped_records += newlines
+                self.budget.dropped_bytes += len(text) - newlines
             return
         with self.lock:
             text = self.partial[source] + text
@@ -238,7 +240,7 @@ class JobLogHandler(logging.Handler):
                 _buffer(job).add(record.created, record.levelno, text, name, SOURCE_LOGGING)
                 if not _Capture.echo:
                     return
-            if record.levelno >= logging.lastResort.level and not _shown(record):
+            if record.levelno >= LAST_RESORT_LEVEL and not _shown(record):
                 _last_resort(record)
         except Exception:  # noqa: BLE001 - as logging itself: a bad record never stops the caller
             self.handleError(record)
@@ -249,7 +251,7 @@ def _last_resort(record: logging.LogRecord) -> None:
     message on the real stderr (not through ``StreamRouter``, which would capture it)."""
     stream = _Capture.real_stderr or sys.__stderr__
     if stream is not None:
-        stream.write(logging.lastResort.format(record) + "\n")
+        stream.write(record.getMessage() + "\n")  # the last resort's format: the message
 
 
 def _shown(record: logging.LogRecord) -> bool:
@@ -327,9 +329,9 @@ def install() -> bool:
         root.addHandler(_Capture.handler)
         _Capture.real_stdout, _Capture.real_stderr = sys.stdout, sys.stderr
         if sys.stdout is not None:  # None: a process started without one (a daemon)
-            sys.stdout = StreamRouter(sys.stdout, SOURCE_STDOUT)  # type: ignore[assignment]
+            sys.stdout = StreamRouter(sys.stdout, SOURCE_STDOUT)
         if sys.stderr is not None:
-            sys.stderr = StreamRouter(sys.stderr, SOURCE_STDERR)  # type: ignore[assignment]
+            sys.stderr = StreamRouter(sys.stderr, SOURCE_STDERR)
         _Capture.installed = True
         return True
 

@@ -175,3 +175,20 @@ def test_a_job_that_logs_nothing_gets_no_buffer(capture):
     job, _, _ = capture
     log_capture.flush(job)
     assert job.id not in log_capture._buffers
+
+
+def test_echo_off_keeps_captured_records_off_the_worker_s_handlers(capture):
+    job, logger, _ = capture
+    shown = io.StringIO()
+    console = logging.StreamHandler(shown)
+    console.addFilter(log_capture._NotCaptured())
+    logger.addHandler(console)
+    try:
+        logger.info("captured only")
+        elsewhere = threading.Thread(target=lambda: logger.info("outside a job"))
+        elsewhere.start()
+        elsewhere.join()
+    finally:
+        logger.removeHandler(console)
+    assert shown.getvalue() == "outside a job\n"
+    assert [item[2] for item in pending(job)] == ["captured only"]
