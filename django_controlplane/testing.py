@@ -34,7 +34,7 @@ from typing import Any
 
 from django.db import DataError, connection, connections, transaction
 
-from jobs import transitions
+from jobs import signals, transitions
 from jobs.batches import ClaimedMessage, claim_messages
 from jobs.claims import ClaimedJob, claim_jobs, complete_jobs
 from jobs.clock import db_now
@@ -350,7 +350,10 @@ def _run_job(runner: JobRunner, job: ClaimedJob) -> JobRun:
         completion = outcome.completion
         try:
             with transaction.atomic():
-                complete_jobs([completion])
+                moved = complete_jobs([completion])
+                if moved and signals.wanted(signals.job_succeeded, runner.registry):
+                    success = signals.success_outcome(job, completion)
+                    signals.dispatch(signals.job_succeeded, [success], registry=runner.registry)
         except _VALUE_ERRORS as refused:
             # JobWorker._fail_unstorable: the database refused the result; the job fails.
             try:

@@ -57,6 +57,7 @@ from jobs.outcomes import JobError, JobOutcome
 from jobs.states import CANCELLED, FAILED, QUEUED, SUCCEEDED, Status
 
 if TYPE_CHECKING:
+    from jobs.claims import ClaimedJob, Completion
     from jobs.operations import OperationRegistry
 
 __all__ = [
@@ -148,6 +149,22 @@ def wanted(signal: Signal | None, registry: OperationRegistry | None = None) -> 
     if signal is None:
         return False
     return bool(signal.receivers) or hooked(signal, registry)
+
+
+def success_outcome(job: ClaimedJob, completion: Completion) -> JobOutcome:
+    """The ``job_succeeded`` outcome of a worker's own success write (``complete_jobs``),
+    from the run's own facts: no query."""
+    return JobOutcome(
+        job_id=completion.job_id,
+        operation=job.operation,
+        queue=job.queue,
+        status=SUCCEEDED.value,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        event=events.JOB_SUCCEEDED,
+        fields={"duration_ms": completion.duration_ms},
+        result=completion.result,
+    )
 
 
 def dispatch(

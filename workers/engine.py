@@ -46,7 +46,7 @@ from queue import SimpleQueue
 
 from django.db import DataError, connection
 
-from jobs import events, signals, transitions
+from jobs import signals, transitions
 from jobs.batches import claim_messages
 from jobs.claims import (
     ClaimedJob,
@@ -70,7 +70,6 @@ from jobs.queue_limits import (
     queue_settings,
 )
 from jobs.rate_limits import TokenWaits, claim_rate_limited
-from jobs.states import SUCCEEDED
 from workers.batch_runner import MessageFlight, extend_visibility, release_messages, run_message
 from workers.config import WorkerConfig
 from workers.execution import STOP_SHUTDOWN, InFlight, JobRunner
@@ -815,17 +814,7 @@ class JobWorker:
     ) -> None:
         """``job_succeeded`` for each written success: from the run's own facts, no query."""
         outcomes = [
-            signals.JobOutcome(
-                job_id=c.job_id,
-                operation=f.job.operation,
-                queue=f.job.queue,
-                status=SUCCEEDED.value,
-                attempt=f.job.attempt,
-                max_attempts=f.job.max_attempts,
-                event=events.JOB_SUCCEEDED,
-                fields={"duration_ms": c.duration_ms},
-                result=c.result,
-            )
+            signals.success_outcome(f.job, c)
             for c, f in zip(batch, flights, strict=True)
             if c.job_id in succeeded and isinstance(f, InFlight)
         ]

@@ -284,3 +284,38 @@ class DjangoTestCaseUse(TestCase):
         with run_jobs_at_once():
             pinged = enqueue("ping")
         self.assertEqual(fresh(pinged).result, {"pong": True})
+
+
+# --- outcome signals -------------------------------------------------------------------
+
+
+def test_a_drain_sends_the_outcome_signals_a_worker_sends(
+    database, django_capture_on_commit_callbacks
+):
+    from jobs.signals import job_failed, job_succeeded
+
+    heard: list[tuple[str, uuid.UUID, str]] = []
+
+    def succeeded(sender, outcome, **kwargs):
+        heard.append(("succeeded", outcome.job_id, str(outcome.result)))
+
+    def failed(sender, outcome, **kwargs):
+        heard.append(("failed", outcome.job_id, outcome.error_code))
+
+    job_succeeded.connect(succeeded, dispatch_uid="test-drain-succeeded")
+    job_failed.connect(failed, dispatch_uid="test-drain-failed")
+    try:
+        good = enqueue(ECHO, {"n": 1})
+        bad = enqueue("fail", {"message": "boom"})
+        # Inside TestCase's transaction nothing commits: run what would run at commit.
+        with django_capture_on_commit_callbacks(execute=True):
+            drain_jobs()
+    finally:
+        job_succeeded.disconnect(dispatch_uid="test-drain-succeeded")
+        job_failed.disconnect(dispatch_uid="test-drain-failed")
+    assert sorted(heard) == sorted(
+        [
+            ("succeeded", good.pk, str({"echo": {"n": 1}})),
+            ("failed", bad.pk, "DiagnosticFailure"),
+        ]
+    )
