@@ -29,9 +29,10 @@ from django_controlplane.remote.workers import get_remote_worker, held_by_other_
 from jobs.claims import ClaimedJob, Runner, claim_jobs
 from jobs.clock import db_now
 from jobs.conf import knob
-from jobs.events import TRANSITION_EVENTS
+from jobs.events import LOG_EVENTS, TRANSITION_EVENTS
 from jobs.exceptions import UnstorableValue
 from jobs.models import Job, Queue, QueueKind, Worker
+from jobs.operations import registry
 from jobs.rate_limits import TokenWaits, claim_rate_limited
 from jobs.retry_policy import resolved_policy
 from jobs.states import CANCELLED, RUNNING, Status
@@ -42,8 +43,9 @@ from jobs.transitions import cancel_jobs, complete_job, emit_event, fail_job
 MAX_WAIT_SECONDS = 30.0
 MAX_CLAIM_LIMIT = 100
 
-# Names only the engine writes: a remote worker may not forge its transitions.
-RESERVED_EVENTS = TRANSITION_EVENTS
+# Names only the engine writes: a remote worker may not forge its transitions, nor
+# write log records past their bounds (logs go through POST /jobs/<id>/logs).
+RESERVED_EVENTS = TRANSITION_EVENTS | frozenset(LOG_EVENTS)
 LEVELS = ("info", "warning", "error")
 # ``_progress_current``/``_progress_total`` land in integer columns (32-bit on
 # PostgreSQL); a value outside them was a 500 there.
@@ -409,11 +411,15 @@ def defer_held_job(job_id: uuid.UUID, *, lease_token: uuid.UUID, result: Any = N
     return seq
 
 
-def retry_backoff(attempt: int, stored: dict[str, Any] | None = None) -> float:
+def retry_backoff(
+    attempt: int, stored: dict[str, Any] | None = None, operation: str | None = None
+) -> float:
     """The delay before a remote job's next attempt: its ``stored`` retry override
-    (``Job.retry_policy``) over the knobs' policy (``jobs.retry_policy``), as local
-    workers do; a remote operation declares no policy of its own."""
-    return resolved_policy(stored).delay(attempt)
+    (``Job.retry_policy``) over its operation's policy when the operation is a local
+    one this process knows (``REMOTE_MAY_SERVE_LOCAL``), over the knobs
+    (``jobs.retry_policy``), as local workers do. A remote declaration has no policy."""
+    declared = registry.get(operation).retry_policy if operation in registry else None
+    return resolved_policy(stored, declared).delay(attempt)
 
 
 def fail(
@@ -437,15 +443,15 @@ def fail(
         traceback=traceback or "",
     )
     token = _held_token(job_id, lease_token, user)
-    attempt, stored = Job.objects.filter(pk=job_id).values_list(
-        "attempts", "retry_policy"
-    ).first() or (1, None)
+    attempt, stored, operation = Job.objects.filter(pk=job_id).values_list(
+        "attempts", "retry_policy", "operation"
+    ).first() or (1, None, None)
     return fail_job(
         job_id,
         lease_token=token,
         error_code=(error_code or "RemoteError")[:200],
         error_message=error_message or "",
         retryable=bool(retryable),
-        backoff_seconds=retry_backoff(attempt or 1, stored) if retryable else None,
+        backoff_seconds=retry_backoff(attempt or 1, stored, operation) if retryable else None,
         traceback=traceback or "",
     )

@@ -57,3 +57,36 @@ def test_a_bad_retry_override_is_a_400_naming_the_field(operator, retry, field, 
     assert field in answer["errors"], answer
     assert words in answer["errors"][field][0]
     assert Job.objects.count() == before
+
+
+def test_a_remote_retryable_failure_backs_off_by_the_jobs_override(admin):
+    from django.test import override_settings
+
+    from jobs.enqueue import enqueue
+    from jobs.models import JobEvent
+
+    from .conftest import register_worker
+
+    worker_id = register_worker(admin)
+    job = enqueue(
+        "ping",
+        max_attempts=2,
+        retry={"backoff_seconds": 600, "jitter": 0, "strategy": "constant"},
+    )
+    [held] = admin.post(f"/workers/{worker_id}/claim", {"limit": 1}).json()["jobs"]
+    assert held["id"] == str(job.pk)
+    with override_settings(CONTROLPLANE={"RETRY_BACKOFF_SECONDS": 1}):
+        response = admin.post(
+            f"/jobs/{job.pk}/fail",
+            {
+                "lease_token": held["lease_token"],
+                "error_code": "Busy",
+                "error_message": "busy",
+                "retryable": True,
+            },
+        )
+    assert response.json()["status"] == "queued"
+    event = JobEvent.objects.get(job_id=job.pk, event="job.retry_scheduled")
+    assert event.fields["delay_seconds"] == 600  # the knobs alone: at most 1 s
+    job.refresh_from_db()
+    assert 599 <= (job.run_after - event.ts).total_seconds() <= 601
