@@ -24,6 +24,8 @@ JOB_TIMEOUT = "job.timeout"  # running -> failed past the job's timeout
 JOB_RETRIED = "job.retried"  # failed or cancelled -> queued by an operator
 JOB_RUN_NOW = "job.run_now"  # a waiting job brought forward (no status change)
 JOB_PROGRESS = "job.progress"  # an operation's progress report (JobContext.progress)
+JOB_LOG = "job.log"  # one record an operation logged or printed (jobs.job_logs)
+JOB_LOG_TRUNCATED = "job.log_truncated"  # the job's log bounds were reached: what was dropped
 BATCH_DISPATCHED = "batch.dispatched"  # a coordinator handed its batches out (jobs.batches)
 BATCH_WRITTEN = "batch.written"  # one batch's output written to its parent (jobs.batches)
 
@@ -46,6 +48,9 @@ TRANSITION_EVENTS = frozenset(
         JOB_RETRIED,
     }
 )
+
+# A job's execution logs: written by capture or ``POST /jobs/<id>/logs``, within their bounds.
+LOG_EVENTS = (JOB_LOG, JOB_LOG_TRUNCATED)
 
 # Rescues of a job its worker no longer held: the reaper's and the timeouts'.
 RECLAIM_EVENTS = (JOB_LEASE_EXPIRED_REQUEUE, JOB_LEASE_EXPIRED, JOB_TIMEOUT)

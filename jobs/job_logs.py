@@ -28,15 +28,12 @@ from django.db import connection, transaction
 
 from jobs.conf import knob
 from jobs.dialect import dialect
+from jobs.events import JOB_LOG, JOB_LOG_TRUNCATED, LOG_EVENTS
 from jobs.exceptions import JobCancelled, JobNotFound, LeaseLost
 from jobs.models import Job, JobEvent
 from jobs.storable import printable
 from jobs.tables import EVENT_TABLE
 from jobs.transitions import RunEvent, append_run_events
-
-JOB_LOG = "job.log"  # one captured record
-JOB_LOG_TRUNCATED = "job.log_truncated"  # the bounds were reached: what was dropped
-LOG_EVENTS = (JOB_LOG, JOB_LOG_TRUNCATED)
 
 # Where a record came from (its ``fields["source"]``).
 SOURCE_LOGGING = "logging"

@@ -40,9 +40,8 @@ from typing import Any, TextIO
 from jobs import transitions
 from jobs.claims import ClaimedJob
 from jobs.conf import knob
+from jobs.events import JOB_LOG, JOB_LOG_TRUNCATED
 from jobs.job_logs import (
-    JOB_LOG,
-    JOB_LOG_TRUNCATED,
     SOURCE_LOGGING,
     SOURCE_STDERR,
     SOURCE_STDOUT,

@@ -10,9 +10,8 @@ import uuid
 import pytest
 
 from jobs.claims import ClaimedJob
+from jobs.events import JOB_LOG, JOB_LOG_TRUNCATED
 from jobs.job_logs import (
-    JOB_LOG,
-    JOB_LOG_TRUNCATED,
     JobLogBudget,
     LogLimits,
     event_level,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.job_logs import JOB_LOG, JOB_LOG_TRUNCATED
+from jobs.events import JOB_LOG, JOB_LOG_TRUNCATED
 from jobs.models import JobEvent
 from jobs.transitions import RunEvent, append_run_events, cancel_job, emit_event
 from tests.factories import assert_consistent, running

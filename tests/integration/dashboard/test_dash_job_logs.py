@@ -6,7 +6,7 @@ import re
 
 from django.test import Client
 
-from jobs.job_logs import JOB_LOG
+from jobs.events import JOB_LOG
 from jobs.transitions import RunEvent, append_run_events
 from tests.factories import HOSTILE_IMG, HOSTILE_SCRIPT, running
 

@@ -6,7 +6,7 @@ import pytest
 
 from jobs.conf import DEFAULTS
 from jobs.enqueue import enqueue
-from jobs.job_logs import JOB_LOG, JOB_LOG_TRUNCATED
+from jobs.events import JOB_LOG, JOB_LOG_TRUNCATED
 from jobs.models import Job, JobEvent
 from jobs.transitions import cancel_job
 from tests.conftest import wait_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.enqueue import enqueue
-from jobs.job_logs import JOB_LOG, JOB_LOG_TRUNCATED
+from jobs.events import JOB_LOG, JOB_LOG_TRUNCATED
 from jobs.models import JobEvent
 from tests.conftest import wait_for
 from tests.factories import assert_consistent

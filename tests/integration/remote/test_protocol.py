@@ -85,11 +85,12 @@ def test_engine_event_names_are_reserved(api, server):
     worker = register(api)
     job = enqueue("remote.echo", {"text": "hi"})
     [held] = claim(api, worker["id"])
-    r = api.post(
-        f"/jobs/{job.pk}/events",
-        json={"lease_token": held["lease_token"], "event": "job.succeeded"},
-    )
-    assert r.status_code == 400 and "event" in r.json()["errors"]
+    for name in ("job.succeeded", "job.log", "job.log_truncated"):  # logs: POST .../logs
+        r = api.post(
+            f"/jobs/{job.pk}/events",
+            json={"lease_token": held["lease_token"], "event": name},
+        )
+        assert r.status_code == 400 and "event" in r.json()["errors"], name
     assert job_status(job.pk) == "running"
 
 
