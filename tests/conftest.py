@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,6 +49,25 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"Timed out after {timeout} s waiting for {message}.")
         time.sleep(interval)
+
+
+@contextmanager
+def postgres_server_lock(*, exclusive: bool) -> Iterator[None]:
+    """Hold the PostgreSQL server: shared while a test uses it beside its own pass's
+    database, exclusive while a test stops it.
+
+    ``./scripts/dev test`` runs the SQLite pass beside the PostgreSQL passes; the
+    SQLite pass's installed-wheel test makes a database of its own on the same
+    server, which the PostgreSQL pass's restart test must not stop under it.
+    A file lock, so it holds across the two pytest processes.
+    """
+    path = Path(tempfile.gettempdir()) / "controlplane-tests-postgres-server.lock"
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def database_url_for_subprocess() -> str:

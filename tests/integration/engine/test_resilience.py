@@ -21,7 +21,7 @@ from django.db import connection
 from jobs.enqueue import enqueue
 from jobs.models import Job, JobEvent
 from jobs.pooling import is_transaction_pooled, session_conninfo
-from tests.conftest import wait_for
+from tests.conftest import postgres_server_lock, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -93,19 +93,23 @@ def _cluster_of_the_test_database() -> list[str]:
 
 @contextmanager
 def _postgres_stopped() -> Iterator[None]:
-    """The PostgreSQL server down for the block; this process reconnects after it."""
+    """The PostgreSQL server down for the block; this process reconnects after it.
+
+    Not while another pass's test holds the server (``postgres_server_lock``).
+    """
     cluster = _cluster_of_the_test_database()
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "stop"], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "start"],
-            check=True,
-            timeout=60,
-        )
-        connection.close()
-        wait_for(_answers, timeout=30, message="the test database answering after the restart")
+    with postgres_server_lock(exclusive=True):
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "stop"], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(
+                ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "start"],
+                check=True,
+                timeout=60,
+            )
+    connection.close()
+    wait_for(_answers, timeout=30, message="the test database answering after the restart")
 
 
 def _status(job) -> str:

@@ -11,6 +11,7 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 import pytest
 
+from tests.conftest import postgres_server_lock
 from tests.integration.installed.host_project import (
     HostProject,
     Venv,
@@ -58,12 +59,16 @@ def postgres_database() -> Iterator[dict[str, str]]:
             pytest.fail(message)
         pytest.skip(message)
     name = f"cp_host_{uuid.uuid4().hex[:12]}"
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+    admin.close()
+    # The PostgreSQL pass may run beside this one: its restart test waits for this test.
+    with postgres_server_lock(exclusive=False):
+        with psycopg.connect(dbname="postgres", autocommit=True, **conninfo) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
         try:
             yield {"ENGINE": "django.db.backends.postgresql", "NAME": name, **server}
         finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            with psycopg.connect(dbname="postgres", autocommit=True, **conninfo) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
