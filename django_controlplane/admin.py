@@ -299,27 +299,21 @@ class SharedFilterWords(admin.ListFilter):
     them for field lookups; ``JobChangeList`` applies them with the rest."""
 
     title = "filters"
-    WORDS = (
-        "when",
-        "schedule",
-        "range",
-        "from",
-        "to",
-        "created_after",
-        "created_before",
-        "payload",
-    )
+    # The sidebar's own words, and the search box's.
+    DRAWN = ("status", "queue", "operation", "parent", "q")
 
     def __init__(self, request: HttpRequest, params: dict, model: Any, model_admin: Any) -> None:
         super().__init__(request, params, model, model_admin)
-        for name in self.WORDS:
+        for name in self.expected_parameters():
             params.pop(name, None)
 
     def has_output(self) -> bool:
         return False
 
     def expected_parameters(self) -> list[str]:
-        return list(self.WORDS)
+        from jobs.selectors.filter_query import FILTER_KEYS
+
+        return [name for name in FILTER_KEYS if name not in self.DRAWN]
 
     def choices(self, changelist: Any) -> list[Any]:
         return []

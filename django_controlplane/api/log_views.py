@@ -4,7 +4,6 @@ written by the remote worker that holds the job (``django_controlplane.remote.lo
 from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -13,9 +12,8 @@ from django_controlplane.api.base import JOB_ID, ApiView, error_responses
 from django_controlplane.api.defaults import extend_schema
 from django_controlplane.api.permissions import REMOTE, VIEW
 from django_controlplane.api.serializers import EventPageSerializer
-from django_controlplane.api.views import JobEventsView, _event_json
+from django_controlplane.api.views import EVENT_CURSOR, _event_json, event_cursor
 from django_controlplane.remote import logs as remote_logs
-from jobs import selectors
 from jobs.job_logs import job_log_page
 
 
@@ -31,26 +29,12 @@ class JobLogsView(ApiView):
             "ascending. Poll again with after=last_seq: no record is missed or repeated. "
             "The seqs are the timeline's, so a cursor from /events works here and back."
         ),
-        parameters=[
-            JOB_ID,
-            OpenApiParameter("after", OpenApiTypes.INT, description="A seq (default 0)."),
-            OpenApiParameter(
-                "limit",
-                OpenApiTypes.INT,
-                description=f"At most this many (1 to {selectors.MAX_EVENT_LIMIT}, "
-                f"default {selectors.DEFAULT_EVENT_LIMIT}).",
-            ),
-        ],
+        parameters=[JOB_ID, *EVENT_CURSOR],
         responses={200: EventPageSerializer, **error_responses(400, 401, 403, 404)},
     )
     def get(self, request: Request, job_id: str) -> Response:
         pk = self.job_id(job_id)
-        after = JobEventsView._after(request.query_params.get("after"))
-        limit = selectors.parse_limit(
-            request.query_params.get("limit"),
-            default=selectors.DEFAULT_EVENT_LIMIT,
-            maximum=selectors.MAX_EVENT_LIMIT,
-        )
+        after, limit = event_cursor(request)
         page = job_log_page(pk, after=after, limit=limit)
         if page is None:
             raise NotFound(f"No job with id {job_id} exists.")

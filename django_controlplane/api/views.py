@@ -182,6 +182,37 @@ class JobDetailView(ApiView):
         return Response(represent(JobDetailSerializer, job))
 
 
+# The timeline's cursor: every page of a job's events (``/events``, ``/logs``) takes it.
+EVENT_CURSOR = [
+    OpenApiParameter("after", OpenApiTypes.INT, description="A seq (default 0)."),
+    OpenApiParameter(
+        "limit",
+        OpenApiTypes.INT,
+        description=f"At most this many (1 to {selectors.MAX_EVENT_LIMIT}, "
+        f"default {selectors.DEFAULT_EVENT_LIMIT}).",
+    ),
+]
+
+
+def event_cursor(request: Request) -> tuple[int, int]:
+    """``after`` and ``limit`` of a timeline page; a 400 naming the field otherwise."""
+    raw = request.query_params.get("after")
+    after = 0
+    if raw not in (None, ""):
+        try:
+            after = int(raw)
+        except ValueError:
+            raise ValidationError({"after": ["'after' must be a whole number (a seq)."]}) from None
+        if after < 0:
+            raise ValidationError({"after": ["'after' must be 0 or more."]})
+    limit = selectors.parse_limit(
+        request.query_params.get("limit"),
+        default=selectors.DEFAULT_EVENT_LIMIT,
+        maximum=selectors.MAX_EVENT_LIMIT,
+    )
+    return after, limit
+
+
 class JobEventsView(ApiView):
     query_parameters = ("after", "limit")
     required_permissions = {"GET": VIEW, "POST": REMOTE}
@@ -193,16 +224,7 @@ class JobEventsView(ApiView):
             "Events with seq > after, ascending. Poll again with after=last_seq: "
             "no event is ever missed or repeated."
         ),
-        parameters=[
-            JOB_ID,
-            OpenApiParameter("after", OpenApiTypes.INT, description="A seq (default 0)."),
-            OpenApiParameter(
-                "limit",
-                OpenApiTypes.INT,
-                description=f"At most this many (1 to {selectors.MAX_EVENT_LIMIT}, "
-                f"default {selectors.DEFAULT_EVENT_LIMIT}).",
-            ),
-        ],
+        parameters=[JOB_ID, *EVENT_CURSOR],
         responses={200: EventPageSerializer, **error_responses(400, 401, 403, 404)},
     )
     def get(self, request: Request, job_id: str) -> Response:
@@ -210,12 +232,7 @@ class JobEventsView(ApiView):
         # unique (job, seq) index, so it cannot run long, and pollers call this
         # often: the timeout's BEGIN / SET LOCAL / COMMIT would be most of its round trips.
         pk = self.job_id(job_id)
-        after = self._after(request.query_params.get("after"))
-        limit = selectors.parse_limit(
-            request.query_params.get("limit"),
-            default=selectors.DEFAULT_EVENT_LIMIT,
-            maximum=selectors.MAX_EVENT_LIMIT,
-        )
+        after, limit = event_cursor(request)
         page = selectors.job_events_page(pk, after, limit)
         if page is None:
             raise NotFound(f"No job with id {job_id} exists.")
@@ -230,18 +247,6 @@ class JobEventsView(ApiView):
                 "has_more": len(events) == limit,
             }
         )
-
-    @staticmethod
-    def _after(raw: str | None) -> int:
-        if raw in (None, ""):
-            return 0
-        try:
-            after = int(raw)
-        except ValueError:
-            raise ValidationError({"after": ["'after' must be a whole number (a seq)."]}) from None
-        if after < 0:
-            raise ValidationError({"after": ["'after' must be 0 or more."]})
-        return after
 
     @extend_schema(
         operation_id="jobs_events_create",
