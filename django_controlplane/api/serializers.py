@@ -77,6 +77,11 @@ class JobSerializer(serializers.ModelSerializer):
         allow_null=True,
         help_text="The schedule that fired it (GET /schedules/<id>), or null.",
     )
+    retry_policy = serializers.JSONField(
+        read_only=True,
+        allow_null=True,
+        help_text="The job's own retry override given at enqueue (over its operation's), or null.",
+    )
 
     # The model's properties among the fields, as SQL (``sql_document``).
     sql_sources = {
@@ -115,6 +120,8 @@ class JobSerializer(serializers.ModelSerializer):
             "unique_while",
             "timeout_seconds",
             "schedule",
+            "retry_policy",
+            "retry_laters",
         ]
         read_only_fields = fields
 

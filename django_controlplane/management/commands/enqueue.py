@@ -34,12 +34,23 @@ class Command(BaseCommand):
         parser.add_argument(
             "--timeout-seconds", type=float, help="longest run (default: the operation's)"
         )
+        parser.add_argument(
+            "--retry",
+            help="this job's retry override, a JSON object: backoff_seconds, "
+            "backoff_max_seconds, jitter, strategy, max_retry_later, retry_later_max_seconds",
+        )
 
     def handle(self, *args, **o) -> None:
         try:
             payload = json.loads(o["payload"])
         except json.JSONDecodeError as error:
             raise CommandError(f"--payload is not valid JSON: {error}") from error
+        retry = None
+        if o["retry"]:
+            try:
+                retry = json.loads(o["retry"])
+            except json.JSONDecodeError as error:
+                raise CommandError(f"--retry is not valid JSON: {error}") from error
         run_after = None
         if o["run_after"]:
             run_after = parse_datetime(o["run_after"])
@@ -58,6 +69,7 @@ class Command(BaseCommand):
                 unique_key=o["unique_key"],
                 unique_while=o["unique_while"],
                 timeout_seconds=o["timeout_seconds"],
+                retry=retry,
             )
         except EnqueueError as error:
             details = "; ".join(f"{k}: {' '.join(v)}" for k, v in error.errors.items())

@@ -28,12 +28,19 @@ def test_a_valid_retry_override_is_stored_on_the_job(operator):
         "jitter": 0.0,
         "strategy": "linear",
     }
+    job_id = response.json()["id"]
+    # The job's JSON shows it, in the answer, the job and the list, with its snooze count.
+    listed = operator.get("/jobs").json()["results"]
+    for shown in (response.json(), operator.get(f"/jobs/{job_id}").json(), listed[0]):
+        assert shown["id"] == job_id
+        assert (shown["retry_policy"], shown["retry_laters"]) == (stored, 0)
 
 
 def test_without_retry_nothing_is_stored(operator):
     response = operator.post("/jobs", {"operation": "ping", "retry": None})
     assert response.status_code == 201, response.content
     assert Job.objects.values_list("retry_policy", flat=True).get(pk=response.json()["id"]) is None
+    assert response.json()["retry_policy"] is None
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""``manage.py enqueue`` with ``--unique-key``/``--unique-while`` and ``--timeout-seconds``."""
+"""``manage.py enqueue`` with ``--unique-key``/``--unique-while``, ``--timeout-seconds`` and
+``--retry``."""
 
 from __future__ import annotations
 
@@ -47,9 +48,16 @@ def test_timeout_seconds_is_stored():
     assert fresh(uuid.UUID(printed)).timeout_seconds == 2.5
 
 
+def test_a_retry_override_is_stored():
+    printed, _ = enqueue_cli("ping", "--retry", '{"backoff_seconds": 5, "strategy": "linear"}')
+    assert fresh(uuid.UUID(printed)).retry_policy == {"backoff_seconds": 5, "strategy": "linear"}
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
+        (["--retry", "{not json"], "--retry is not valid JSON"),
+        (["--retry", '{"jitter": 2}'], "jitter must be a fraction"),
         (["--unique-key", "k", "--unique-while", "forever"], "unique_while"),
         (["--unique-while", "active"], "unique_while needs a unique_key"),
         (["--timeout-seconds", "0"], "timeout_seconds"),
