@@ -358,6 +358,13 @@ class WorkerSerializer(serializers.Serializer):
     current_jobs = serializers.ListField(
         child=serializers.UUIDField(), help_text="Ids of the jobs it is running."
     )
+    holding_until = serializers.DateTimeField(
+        allow_null=True,
+        help_text="Its pre_dequeue hook said 'not now': it claims nothing until then (or null).",
+    )
+    holding_reason = serializers.CharField(
+        allow_blank=True, help_text="Why it is holding off, as its hook said (or empty)."
+    )
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -184,6 +184,14 @@ def _workers_page() -> str:
     return response.content.decode()
 
 
+def _workers_json() -> list[dict]:
+    client = Client()
+    client.force_login(make_user("viewer"))
+    response = client.get("/workers")
+    assert response.status_code == 200, response.content[:300]
+    return response.json()
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 def test_worker_class_holds_off_claiming_when_pre_dequeue_says_not_now(
     start_process, signal_log, processes
@@ -213,6 +221,8 @@ def test_worker_class_holds_off_claiming_when_pre_dequeue_says_not_now(
     assert "maintenance window &lt;b&gt;&#x27;db upgrade&#x27;&lt;/b&gt;" in page
     assert "<b>'db upgrade'</b>" not in page
     assert holding[0].holding_until.strftime("%H:%M:%S") in page
+    shown = {w["id"]: w for w in _workers_json()}[str(holding[0].pk)]
+    assert shown["holding_reason"] == signal_app.HOLD_REASON and shown["holding_until"]
     # Held: nothing is claimed while the hold lasts.
     assert Job.objects.filter(pk__in=[j.pk for j in jobs], status="queued").count() == 4
     wait_for(
@@ -232,6 +242,7 @@ def test_worker_class_holds_off_claiming_when_pre_dequeue_says_not_now(
         message="the hold cleared from the rows",
     )
     assert "holding off" not in _workers_page()
+    assert all(w["holding_until"] is None and not w["holding_reason"] for w in _workers_json())
     assert "worker.holding_off" in worker.output() and "worker.holding_ended" in worker.output()
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
