@@ -93,7 +93,11 @@ def _middleware(settings: MutableMapping[str, Any]) -> None:
 
 
 def _web_pool_size(settings: MutableMapping[str, Any]) -> int:
-    threads = int(settings.get("WEB_THREADS") or os.environ.get("CONTROLPLANE_WEB_THREADS") or 1)
+    from django_controlplane.web.threads import DEFAULT_THREADS
+
+    threads = int(
+        settings.get("WEB_THREADS") or os.environ.get("CONTROLPLANE_WEB_THREADS") or DEFAULT_THREADS
+    )
     settings.setdefault("WEB_THREADS", threads)
     size = os.environ.get("CONTROLPLANE_WEB_DB_POOL_SIZE") or settings.get("WEB_DB_POOL_SIZE")
     settings["WEB_DB_POOL_SIZE"] = int(size or threads + 2)

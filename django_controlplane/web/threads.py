@@ -7,21 +7,24 @@ PostgreSQL connections with 16 clients, and every request paid for a new
 thread and a new connection.
 
 Here every piece of synchronous code a web request runs goes to one
-``ThreadPoolExecutor`` of ``WEB_THREADS`` threads (one by default: see below).
+``ThreadPoolExecutor`` of ``WEB_THREADS`` threads (two by default: see below).
 A request waits for a free
 thread at most ``WEB_QUEUE_TIMEOUT_SECONDS``; past that (or when more than
 ``WEB_MAX_WAITING`` requests already wait) it is answered 503 with
 ``Retry-After``, so an overload degrades into clean refusals instead of
 piling up. Database connections come from Django's connection pool
-(``controlplane.settings``), which is at least as large as this pool, so a
+(``django_controlplane.host_settings``), which is at least as large as this pool, so a
 thread never waits for a connection in normal operation.
 
-Why one thread: the work of a request here is Python, and threads of one
-process take turns on the GIL, unfairly. Measured on 2 cores (``bench/web.py``,
-events endpoint, 32 clients, one process per core): 8 threads gave 1,620 req/s
-with p99 near 1 s (some requests starved for up to 2 s); 2 threads p99 140-530
-ms; 1 thread 1,670 req/s with p99 55-97 ms, and the best ``POST /jobs`` and list
-rates too. Waiting is done without a thread anyway (parked long-polls, the
+Why two threads: the work of a request here is Python, and threads of one
+process take turns on the GIL, unfairly, so many threads starve some
+requests (8 threads: p99 near 1 s). But with one thread, a request that waits
+on PostgreSQL (an enqueue's INSERT and its commit) leaves the process idle
+meanwhile. Measured on 2 cores with one process per core (``bench/web.py
+--host-project``, 32 clients, quiet machine), two threads against one: events
+2,145 against 1,957 req/s (p99 30 ms against 28), ``POST /jobs`` 1,489 against
+1,254, the list 1,287 against 1,250, and ahead of gunicorn's 16 threads on
+every row. Waiting is done without a thread anyway (parked long-polls, the
 event loop's I/O). Raise ``WEB_THREADS`` only for views that wait on slow I/O.
 """
 
@@ -38,7 +41,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-DEFAULT_THREADS = 1
+DEFAULT_THREADS = 2
 DEFAULT_QUEUE_TIMEOUT_SECONDS = 5.0
 DEFAULT_MAX_WAITING = 2048
 

@@ -46,7 +46,7 @@ class Command(BaseCommand):
             "--threads",
             type=int,
             default=None,
-            help="Threads per process for synchronous views (default WEB_THREADS, 1).",
+            help="Threads per process for synchronous views (default WEB_THREADS, 2).",
         )
         parser.add_argument(
             "--no-collectstatic",
