@@ -92,11 +92,16 @@ def _middleware(settings: MutableMapping[str, Any]) -> None:
     settings["MIDDLEWARE"] = middleware
 
 
-def _web_pool_size(settings: MutableMapping[str, Any]) -> int:
-    from django_controlplane.web.threads import DEFAULT_THREADS
+# Threads per web process for synchronous views (why two: ``django_controlplane.web.threads``).
+# Here, not there: every process reads its settings, and workers import no web module.
+DEFAULT_WEB_THREADS = 2
 
+
+def _web_pool_size(settings: MutableMapping[str, Any]) -> int:
     threads = int(
-        settings.get("WEB_THREADS") or os.environ.get("CONTROLPLANE_WEB_THREADS") or DEFAULT_THREADS
+        settings.get("WEB_THREADS")
+        or os.environ.get("CONTROLPLANE_WEB_THREADS")
+        or DEFAULT_WEB_THREADS
     )
     settings.setdefault("WEB_THREADS", threads)
     size = os.environ.get("CONTROLPLANE_WEB_DB_POOL_SIZE") or settings.get("WEB_DB_POOL_SIZE")

@@ -41,7 +41,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-DEFAULT_THREADS = 2
+from django_controlplane.host_settings import DEFAULT_WEB_THREADS
+
 DEFAULT_QUEUE_TIMEOUT_SECONDS = 5.0
 DEFAULT_MAX_WAITING = 2048
 
@@ -56,7 +57,7 @@ def configured_threads() -> int:
     from django.conf import settings
 
     configured = getattr(settings, "WEB_THREADS", None)
-    return max(1, int(configured or _env_number("WEB_THREADS", DEFAULT_THREADS)))
+    return max(1, int(configured or _env_number("WEB_THREADS", DEFAULT_WEB_THREADS)))
 
 
 class Busy(Exception):
