@@ -214,15 +214,25 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
-def set_paused(name: str, paused: bool, *, user: Any = None) -> Queue:
-    """Pause or resume claiming on a queue (creating its settings row on first use)."""
+def _set_queue_setting(
+    name: str, field: str, value: Any, action: str, *, user: Any, audited: bool = True
+) -> Queue:
+    """One queue setting (its row made on first use) and its audit row, in one transaction."""
     with transaction.atomic():
         queue, _ = Queue.objects.update_or_create(
             name=name,
-            defaults={"paused": paused},
-            create_defaults={"paused": paused, "kind": Queue.default_kind(name)},
+            defaults={field: value},
+            create_defaults={field: value, "kind": Queue.default_kind(name)},
         )
-        audit.record_action(user, audit.PAUSE if paused else audit.RESUME, target=name)
+        audit.record_action(user, action, target=name, filters={field: value} if audited else None)
+    return queue
+
+
+def set_paused(name: str, paused: bool, *, user: Any = None) -> Queue:
+    """Pause or resume claiming on a queue (creating its settings row on first use)."""
+    queue = _set_queue_setting(
+        name, "paused", paused, audit.PAUSE if paused else audit.RESUME, user=user, audited=False
+    )
     if not paused:
         notify_queues([name])  # waiting workers claim at once instead of at their next poll
     return queue
@@ -230,14 +240,7 @@ def set_paused(name: str, paused: bool, *, user: Any = None) -> Queue:
 
 def set_concurrency_cap(name: str, value: int | None, *, user: Any = None) -> Queue:
     """Set (or clear, with None) the most jobs of a queue running at once."""
-    with transaction.atomic():
-        queue, _ = Queue.objects.update_or_create(
-            name=name,
-            defaults={"concurrency_cap": value},
-            create_defaults={"concurrency_cap": value, "kind": Queue.default_kind(name)},
-        )
-        audit.record_action(user, audit.SET_CAP, target=name, filters={"concurrency_cap": value})
-    return queue
+    return _set_queue_setting(name, "concurrency_cap", value, audit.SET_CAP, user=user)
 
 
 def set_rate_limit(name: str, value: float | None, *, user: Any = None) -> Queue:
@@ -246,15 +249,22 @@ def set_rate_limit(name: str, value: float | None, *, user: Any = None) -> Queue
     The bucket keeps its tokens: a lower limit caps them at its own burst on
     the next claim (``jobs.rate_limits``).
     """
-    with transaction.atomic():
-        queue, _ = Queue.objects.update_or_create(
-            name=name,
-            defaults={"rate_limit_per_second": value},
-            create_defaults={"rate_limit_per_second": value, "kind": Queue.default_kind(name)},
-        )
-        audit.record_action(
-            user, audit.SET_RATE_LIMIT, target=name, filters={"rate_limit_per_second": value}
-        )
+    queue = _set_queue_setting(
+        name, "rate_limit_per_second", value, audit.SET_RATE_LIMIT, user=user
+    )
     if value is None:
         notify_queues([name])  # workers holding off for a token claim at once
     return queue
+
+
+def set_queue_retention(name: str, value: Any, *, user: Any = None) -> Queue:
+    """Set a queue's retention by status (``jobs.retention.check_queue_retention``: days
+    for every status, or by status; None returns the queue to the settings' retention),
+    audited. ``RetentionError`` says what is wrong with ``value``.
+
+    The reaper reads it at its next pass; it wins over ``QUEUE_RETENTION_DAYS``.
+    """
+    from jobs.retention import check_queue_retention
+
+    checked = check_queue_retention(value)
+    return _set_queue_setting(name, "retention_days", checked, audit.SET_RETENTION, user=user)

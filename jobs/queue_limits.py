@@ -1,5 +1,6 @@
-"""A queue's two limits, the concurrency cap and the rate limit: their rules and their settings;
-and its retention, set by an operator (``set_queue_retention``, rules in ``jobs.retention``).
+"""A queue's two limits, the concurrency cap and the rate limit: their rules and their settings.
+
+An operator sets them, and a queue's retention, through ``jobs.operator_actions``.
 
 One set of rules for every way in (``PATCH /queues/<name>``, the queues
 page, ``CONTROLPLANE["QUEUES"]``): a cap is a whole number from 1 to
@@ -186,29 +187,3 @@ def apply_configured_queues() -> list[str]:
         applied.append(name)
         log.info("queue.settings_applied queue=%s %s", name, json.dumps(wanted, sort_keys=True))
     return applied
-
-
-# --- retention ----------------------------------------------------------------------
-
-
-def set_queue_retention(name: str, value: Any, *, user: Any = None) -> Queue:
-    """Set a queue's retention by status (``jobs.retention.check_queue_retention``: days
-    for every status, or by status; None returns the queue to the settings' retention),
-    audited in the same transaction. ``RetentionError`` says what is wrong with ``value``.
-
-    The reaper reads it at its next pass; it wins over ``QUEUE_RETENTION_DAYS``.
-    """
-    from jobs import audit
-    from jobs.retention import check_queue_retention
-
-    checked = check_queue_retention(value)
-    with transaction.atomic():
-        queue, _ = Queue.objects.update_or_create(
-            name=name,
-            defaults={"retention_days": checked},
-            create_defaults={"retention_days": checked, "kind": Queue.default_kind(name)},
-        )
-        audit.record_action(
-            user, audit.SET_RETENTION, target=name, filters={"retention_days": checked}
-        )
-    return queue

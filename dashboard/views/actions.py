@@ -17,7 +17,7 @@ from dashboard.db import timeout_response
 from dashboard.views.common import action, base_context, refused
 from jobs import bulk_actions, operator_actions
 from jobs.exceptions import JobNotFound
-from jobs.queue_limits import LimitError, check_cap, parse_rate, set_queue_retention
+from jobs.queue_limits import LimitError, check_cap, parse_rate
 from jobs.retention import FINAL_STATUSES, RetentionError, parse_days
 from jobs.selectors import parse_uuid, read_job_filters
 from jobs.selectors.timeouts import is_timeout
@@ -252,7 +252,7 @@ def set_retention(request: HttpRequest) -> HttpResponse:
             for status in FINAL_STATUSES
             if (value := parse_days(request.POST.get(f"retention_{status}", ""))) is not None
         }
-        set_queue_retention(name, days or None, user=request.user)
+        operator_actions.set_queue_retention(name, days or None, user=request.user)
     except RetentionError as error:
         messages.error(request, f"{error} Leave a field empty to follow the settings.")
         return _back(request, reverse("dashboard:queues"))

@@ -11,7 +11,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from jobs.models import Job, JobEvent, OperatorAction
-from jobs.queue_limits import set_queue_retention
+from jobs.operator_actions import set_queue_retention
 from jobs.retention import RetentionError, current_retention
 from tests.factories import cancelled, failed, make_user, succeeded, unique_queue
 from workers.config import ReaperConfig
