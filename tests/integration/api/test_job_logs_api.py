@@ -140,3 +140,33 @@ def test_remote_logs_refuse_bad_input_and_stale_tokens(api_for, viewer):
     cancel_job(job_id)
     assert_error_shape(remote.post(url, {"lease_token": token, "records": [{"message": "a"}]}), 409)
     assert not JobEvent.objects.filter(job_id=job_id, event=JOB_LOG).exists()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"lease_token": "TOKEN", "records": [{"message": "a\\u0000b"}]}',  # NUL
+        '{"lease_token": "TOKEN", "records": [{"message": "\\ud800"}]}',  # a lone surrogate
+        '{"lease_token": "TOKEN", "records": [{"message": "a", "age": 1e400}]}',  # inf
+        '{"lease_token": "TOKEN", "records": [{"message": "a", "logger": '
+        + "[" * 5000
+        + "]" * 5000
+        + "}]}",
+        '{"lease_token": "TOKEN", "records": [',  # cut short
+        "[" * 100_000 + "]" * 100_000,  # nested past any parser's patience
+    ],
+)
+def test_hostile_log_bodies_get_a_clear_4xx_and_the_job_goes_on(api_for, raw):
+    remote = api_for("remote")
+    job_id, token = claim_one(remote, register_worker(remote))
+    reply = remote.post(f"/jobs/{job_id}/logs", raw=raw.replace("TOKEN", token))
+    assert 400 <= reply.status_code < 500, (reply.status_code, reply.content[:300])
+    assert reply["Content-Type"].startswith("application/json")
+    # Nothing was half-written, and the job still takes a good record.
+    good = remote.post(
+        f"/jobs/{job_id}/logs", {"lease_token": token, "records": [{"message": "ok"}]}
+    )
+    assert good.status_code == 201, good.content
+    assert list(
+        JobEvent.objects.filter(job_id=job_id, event=JOB_LOG).values_list("message", flat=True)
+    ) == ["ok"]

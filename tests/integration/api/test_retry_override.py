@@ -66,6 +66,24 @@ def test_a_bad_retry_override_is_a_400_naming_the_field(operator, retry, field, 
     assert Job.objects.count() == before
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"operation": "ping", "retry": {"backoff_seconds": 1e400}}',  # inf
+        '{"operation": "ping", "retry": {"strategy": "linear\\u0000"}}',  # NUL
+        '{"operation": "ping", "retry": {"strategy": "\\ud800"}}',  # a lone surrogate
+        '{"operation": "ping", "retry": {"max_retry_later": 1' + "0" * 400 + "}}",
+        '{"operation": "ping", "retry": ' + "[" * 5000 + "]" * 5000 + "}",
+    ],
+)
+def test_hostile_retry_overrides_are_a_4xx_and_store_nothing(operator, raw):
+    before = Job.objects.count()
+    response = operator.post("/jobs", raw=raw)
+    assert 400 <= response.status_code < 500, (response.status_code, response.content[:300])
+    assert set(response.json()) == {"message", "errors"}
+    assert Job.objects.count() == before
+
+
 def test_a_remote_retryable_failure_backs_off_by_the_jobs_override(admin):
     from django.test import override_settings
 
