@@ -28,6 +28,9 @@ SET_CAP = "set_cap"
 SET_RATE_LIMIT = "set_rate_limit"
 SET_RETENTION = "set_retention"  # a queue's retention by status (jobs.retention)
 APPLY_SETTINGS = "queue_settings"  # CONTROLPLANE["QUEUES"] applied at start (jobs.queue_limits)
+# Flow key limits (jobs.key_limits): target is the family or key, filter the limits set.
+SET_KEY_LIMITS = "set_key_limits"
+APPLY_KEY_SETTINGS = "key_settings"  # limits declared in code applied at start
 REQUEUE_ORPHAN = "requeue_orphan"
 PURGE = "purge"  # manage.py jobs purge
 RUN_NOW = "run_now"
@@ -61,6 +64,8 @@ LABELS: dict[str, str] = {
     SET_RATE_LIMIT: "Rate limit",
     SET_RETENTION: "Retention",
     APPLY_SETTINGS: "Queue settings applied",
+    SET_KEY_LIMITS: "Key limits",
+    APPLY_KEY_SETTINGS: "Key limits applied",
     REQUEUE_ORPHAN: "Requeued orphan",
     PURGE: "Purged finished jobs",
     RUN_NOW: "Run now",

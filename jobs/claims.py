@@ -137,25 +137,36 @@ def _pick(
         )
     conditions = [
         "status = 'queued'",
+        "fair_turn IS NULL",  # keyed jobs are claimed by jobs.keyed_claims
         f"queue IN {d.in_list(len(queues))}",
         f"run_after <= {now_sql}",
     ]
     params: list[Any] = [*queues, *now_params]
-    if operations is not None:
-        conditions.append(f"operation IN {d.in_list(len(operations))}")
-        params.extend(operations)
-    if local_operations is not None:
-        remote = f"SELECT name FROM {REMOTE_OPERATION_TABLE} WHERE deleted = %s"
-        params.append(False)
-        if local_operations:
-            remote += f" AND name NOT IN {d.in_list(len(local_operations))}"
-            params.extend(local_operations)
-        conditions.append(f"operation NOT IN ({remote})")
+    for condition, condition_params in operation_conditions(d, operations, local_operations):
+        conditions.append(condition)
+        params.extend(condition_params)
     sql = (
         f"SELECT id FROM {JOB_TABLE} WHERE {' AND '.join(conditions)} "
         "ORDER BY priority DESC, run_after LIMIT %s"
     )
     return sql, [*params, limit]
+
+
+def operation_conditions(
+    d: Any, operations: Sequence[str] | None, local_operations: Collection[str] | None
+) -> list[tuple[str, list[Any]]]:
+    """The pick's conditions on a job's operation: only ``operations``, none remote-only."""
+    conditions: list[tuple[str, list[Any]]] = []
+    if operations is not None:
+        conditions.append((f"operation IN {d.in_list(len(operations))}", list(operations)))
+    if local_operations is not None:
+        remote = f"SELECT name FROM {REMOTE_OPERATION_TABLE} WHERE deleted = %s"
+        params: list[Any] = [False]
+        if local_operations:
+            remote += f" AND name NOT IN {d.in_list(len(local_operations))}"
+            params.extend(local_operations)
+        conditions.append((f"operation NOT IN ({remote})", params))
+    return conditions
 
 
 def _claim_update(
@@ -245,7 +256,6 @@ def claim_jobs(
         return []
     d = dialect(using)
     now = None if d.postgres else timezone.now()  # PostgreSQL: its own clock, in the statement
-    worker_text = str(worker_id)
     runner = runner or this_process()
     # On PostgreSQL an uncapped claim is one statement, atomic on its own.
     needs_transaction = cap is not None or not d.postgres
@@ -254,16 +264,9 @@ def claim_jobs(
         if cap is not None:
             if len(queues) != 1:
                 raise ValueError("A concurrency cap applies to one queue at a time.")
-            if d.postgres:
-                cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"cap:{queues[0]}"])
-            cursor.execute(
-                f"SELECT count(*) FROM {JOB_TABLE} WHERE status = 'running' AND queue = %s",
-                [queues[0]],
-            )
-            free = cap - cursor.fetchone()[0]
-            if free <= 0:
+            limit = min(limit, room_under_cap(cursor, d, queues[0], cap))
+            if limit <= 0:
                 return []
-            limit = min(limit, free)
         pick, pick_params = _pick(
             d,
             queues=queues,
@@ -272,35 +275,72 @@ def claim_jobs(
             operations=operations,
             local_operations=local_operations,
         )
-        update, params = _claim_update(
+        return start_picked(
+            cursor,
             d,
             pick=pick,
             pick_params=pick_params,
             worker_id=worker_id,
             now=now,
             lease_seconds=lease_seconds,
+            runner=runner,
         )
-        if d.postgres:
-            # Django's psycopg connections never prepare statements
-            # (prepare_threshold=None), so every claim is planned afresh against
-            # the table as it is now: no plan cached while the table was empty.
-            cursor.execute(
-                f"WITH claimed AS ({update}), ev AS (INSERT INTO {_EVENT_COLUMNS} "
-                f"{_STARTED_EVENT}) SELECT * FROM claimed",
-                [*params, worker_text, runner.host, runner.pid],
-            )
-            rows = cursor.fetchall()
-        else:
-            cursor.execute(update, params)
-            rows = cursor.fetchall()
-            cursor.executemany(
-                f"INSERT INTO {_EVENT_COLUMNS} "
-                f"VALUES (%s, %s, %s, '{JOB_STARTED}', 'info', '', %s)",
-                [
-                    (r[0], r[8], d.ts(now), d.json(_started_fields(worker_text, runner, r[4])))
-                    for r in rows
-                ],
-            )
+
+
+def room_under_cap(cursor: Any, d: Any, queue: str, cap: int) -> int:
+    """How many more jobs of ``queue`` may start under its cap; call inside the claim's transaction.
+
+    PostgreSQL takes the queue's advisory lock first, so concurrent claimers count in turn.
+    """
+    if d.postgres:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"cap:{queue}"])
+    cursor.execute(
+        f"SELECT count(*) FROM {JOB_TABLE} WHERE status = 'running' AND queue = %s", [queue]
+    )
+    return cap - cursor.fetchone()[0]
+
+
+def start_picked(
+    cursor: Any,
+    d: Any,
+    *,
+    pick: str,
+    pick_params: list[Any],
+    worker_id: uuid.UUID,
+    now: datetime | None,
+    lease_seconds: float,
+    runner: Runner,
+) -> list[ClaimedJob]:
+    """Move the jobs ``pick`` selects from queued to running, with their ``job.started`` events."""
+    update, params = _claim_update(
+        d,
+        pick=pick,
+        pick_params=pick_params,
+        worker_id=worker_id,
+        now=now,
+        lease_seconds=lease_seconds,
+    )
+    worker_text = str(worker_id)
+    if d.postgres:
+        # Django's psycopg connections never prepare statements
+        # (prepare_threshold=None), so every claim is planned afresh against
+        # the table as it is now: no plan cached while the table was empty.
+        cursor.execute(
+            f"WITH claimed AS ({update}), ev AS (INSERT INTO {_EVENT_COLUMNS} "
+            f"{_STARTED_EVENT}) SELECT * FROM claimed",
+            [*params, worker_text, runner.host, runner.pid],
+        )
+        rows = cursor.fetchall()
+    else:
+        cursor.execute(update, params)
+        rows = cursor.fetchall()
+        cursor.executemany(
+            f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, '{JOB_STARTED}', 'info', '', %s)",
+            [
+                (r[0], r[8], d.ts(now), d.json(_started_fields(worker_text, runner, r[4])))
+                for r in rows
+            ],
+        )
     return [_claimed(d, r) for r in rows]
 
 

@@ -40,9 +40,13 @@ from jobs.dialect import dialect
 from jobs.enqueue_hooks import after_enqueue
 from jobs.enqueue_statement import Row, insert_postgres, insert_rows
 from jobs.exceptions import EnqueueError
+from jobs.fair_turns import assign_turns
+from jobs.flow_keys import Key, declared_keys
 from jobs.job_spec import MAX_TIMEOUT_SECONDS, JobSpec, SpecBatch, prepare_row  # noqa: F401
 from jobs.key_holders import key_holders
+from jobs.key_limits import ensure_declared
 from jobs.models import Job
+from jobs.operations import operation_spec
 from jobs.tracing import describe_enqueue, enqueue_span, tracing_on
 
 CHUNK = 1000
@@ -97,6 +101,8 @@ def _enqueue_many(
     _check_parents(rows, using)
     if not rows:
         return []
+    if any(r.fair_key is not None for r in rows):
+        _declare_limits(specs, rows, using)
     stored = _store(rows, now, using)
     if len(stored) == len(rows):  # the usual case: no unique key was held elsewhere
         return [_job(r, now, using) for r in rows]
@@ -138,8 +144,12 @@ def _check_parents(rows: list[Row], using: str) -> None:
 
 
 def _store(rows: list[Row], now: datetime, using: str) -> list[uuid.UUID]:
-    """Insert the rows, ``CHUNK`` per statement, all or none; return the ids inserted."""
-    if len(rows) <= CHUNK and dialect(using).postgres:
+    """Insert the rows, ``CHUNK`` per statement, all or none; return the ids inserted.
+
+    Keyed rows take their fair turns (``jobs.fair_turns``) in the same transaction.
+    """
+    keyed = any(r.fair_key is not None for r in rows)
+    if len(rows) <= CHUNK and dialect(using).postgres and not keyed:
         # One PostgreSQL statement is atomic on its own: no BEGIN/COMMIT round
         # trips. SQLite's insert is two statements (jobs, then events).
         return insert_postgres(rows, now, using)
@@ -148,9 +158,24 @@ def _store(rows: list[Row], now: datetime, using: str) -> list[uuid.UUID]:
     )
     stored: list[uuid.UUID] = []
     with transaction.atomic(using=using):
+        if keyed:
+            assign_turns(rows, using)
         for chunk in chunks:
             stored += insert_rows(chunk, now, using)
     return stored
+
+
+def _declare_limits(specs: Sequence[JobSpec], rows: list[Row], using: str) -> None:
+    """Create the limit rows that keyed jobs' declarations name and nobody set yet."""
+    declared: list[Key] = []
+    seen = set()
+    for row in rows:
+        if row.fair_key is not None and row.operation not in seen:
+            seen.add(row.operation)
+            declared.extend(declared_keys(operation_spec(row.operation)))
+    for spec in specs:
+        declared.extend(k for k in spec.keys or () if isinstance(k, Key))
+    ensure_declared(declared, using)
 
 
 def _holders(
@@ -210,6 +235,9 @@ def _job(row: Row, now: datetime, using: str) -> Job:
     values["schedule_id"] = row.schedule_id
     values["trace_context"] = row.trace_context
     values["retry_policy"] = row.retry_policy
+    values["flow_keys"] = row.flow_keys
+    values["fair_key"] = row.fair_key
+    values["fair_turn"] = row.fair_turn
     state = values["_state"] = _new_state(ModelState)
     state.db = using
     state.adding = False
@@ -244,6 +272,7 @@ def _job_template(now: datetime) -> dict[str, Any]:
                 "last_event_seq": 1,
                 "last_event_at": now,
                 "retry_laters": 0,
+                "priority_aged": 0,
             },
         )
     return _template[1]

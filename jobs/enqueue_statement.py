@@ -67,20 +67,25 @@ class Row:
     trace_context: dict[str, str] | None = None
     # The job's retry policy override (jobs.retry_policy); None for most jobs.
     retry_policy: dict[str, Any] | None = None
+    # Flow keys (jobs.flow_keys); the first is the fair key, whose turn jobs.fair_turns gives.
+    flow_keys: list[str] | None = None
+    fair_key: str | None = None
+    fair_turn: float | None = None
 
 
 JOB_COLUMNS = (
     "id, operation, queue, payload, status, priority, run_after, expires_at, attempts, "
     "max_attempts, lease_requeues, parent_id, progress_current, progress_total, error_code, "
     "error_message, created_at, unique_key, last_event_seq, last_event_at, unique_while, "
-    "timeout_seconds, schedule_id, trace_context, retry_policy"
+    "timeout_seconds, schedule_id, trace_context, retry_policy, flow_keys, fair_key, fair_turn"
 )
 # Any unique index: in practice job_unique_key_held (a held key), as ids never repeat.
 INSERT_CONFLICT = "ON CONFLICT DO NOTHING"
 
 # The optional columns, absent from most jobs' JSON (a missing key reads as NULL).
 _OPTIONAL = (
-    "parent uuid, ukey text, uwhile text, timeout float8, schedule uuid, trace jsonb, retry jsonb"
+    "parent uuid, ukey text, uwhile text, timeout float8, schedule uuid, trace jsonb, retry jsonb, "
+    "keys jsonb, fkey text, turn float8"
 )
 
 # One NOTIFY per statement and queue, evaluated once (a materialised CTE), delivered at commit.
@@ -97,7 +102,7 @@ UNIFORM_INSERT = (
     "SELECT u.id, %(operation)s::text, %(queue)s::text, u.payload, 'queued', "
     "%(priority)s::int, %(run_after)s::timestamptz, %(expires_at)s::timestamptz, 0, "
     "%(max_attempts)s::int, 0, u.parent, 0, NULL, '', '', %(now)s, u.ukey, 1, %(now)s, "
-    "u.uwhile, u.timeout, u.schedule, u.trace, u.retry "
+    "u.uwhile, u.timeout, u.schedule, u.trace, u.retry, u.keys, u.fkey, u.turn "
     f"FROM jsonb_to_recordset(%(jobs)s::jsonb) AS u(id uuid, payload jsonb, {_OPTIONAL}) "
     f"CROSS JOIN notified {INSERT_CONFLICT} RETURNING id"
 )
@@ -106,7 +111,7 @@ POSTGRES_INSERT = (
     _NOTIFY_EACH + f"INSERT INTO {JOB_TABLE} ({JOB_COLUMNS}) "
     "SELECT u.id, u.operation, u.queue, u.payload, 'queued', u.priority, u.run_after, "
     "u.expires_at, 0, u.max_attempts, 0, u.parent, 0, NULL, '', '', %(now)s, u.ukey, 1, "
-    "%(now)s, u.uwhile, u.timeout, u.schedule, u.trace, u.retry "
+    "%(now)s, u.uwhile, u.timeout, u.schedule, u.trace, u.retry, u.keys, u.fkey, u.turn "
     "FROM jsonb_to_recordset(%(jobs)s::jsonb) AS u(id uuid, payload jsonb, operation text, "
     "queue text, priority int, run_after timestamptz, expires_at timestamptz, "
     f"max_attempts int, {_OPTIONAL}) "
@@ -132,7 +137,7 @@ def insert_postgres(rows: list[Row], now: datetime, using: str) -> list[uuid.UUI
 
 _SQLITE_VALUES = (
     "(%s, %s, %s, %s, 'queued', %s, %s, %s, 0, %s, 0, %s, 0, NULL, '', '', %s, %s, 1, %s, "
-    "%s, %s, %s, %s, %s)"
+    "%s, %s, %s, %s, %s, %s, %s, %s)"
 )
 
 
@@ -160,6 +165,9 @@ def _insert_sqlite(rows: list[Row], now: datetime, using: str) -> list[uuid.UUID
                 d.uuid(r.schedule_id),
                 d.json(r.trace_context) if r.trace_context is not None else None,
                 d.json(r.retry_policy) if r.retry_policy is not None else None,
+                d.json(r.flow_keys) if r.flow_keys is not None else None,
+                r.fair_key,
+                r.fair_turn,
             ]
         cursor.execute(
             f"INSERT INTO {JOB_TABLE} ({JOB_COLUMNS}) "
@@ -240,6 +248,7 @@ def _extras(row: Row, dumps: Any) -> str:
         and row.trace_context is None
         and row.parent_id is None
         and row.retry_policy is None
+        and row.flow_keys is None
     ):
         return ""
     out = f',"parent":"{row.parent_id}"' if row.parent_id is not None else ""
@@ -253,4 +262,7 @@ def _extras(row: Row, dumps: Any) -> str:
         out += f',"trace":{dumps(row.trace_context)}'
     if row.retry_policy is not None:
         out += f',"retry":{dumps(row.retry_policy)}'
+    if row.flow_keys is not None:
+        out += f',"keys":{dumps(row.flow_keys)},"fkey":{dumps(row.fair_key)}'
+        out += f',"turn":{row.fair_turn!r}'
     return out

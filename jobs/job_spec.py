@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from jobs.enqueue_statement import Row
 from jobs.exceptions import EnqueueError
+from jobs.flow_keys import declared_keys, job_keys
 from jobs.ids import new_job_ids
 from jobs.models import PRIORITY_MAX, PRIORITY_MIN
 from jobs.operations import operation_spec
@@ -64,6 +65,8 @@ class JobSpec:
     # The schedule firing it (jobs.schedules.firing); stored as ``Job.schedule``.
     schedule: uuid.UUID | str | None = None
     retry: dict[str, Any] | RetryPolicy | None = None
+    # Flow keys added to the operation's own (jobs.flow_keys): keys or templates.
+    keys: list[Any] | None = None
 
 
 class SpecBatch:
@@ -167,6 +170,18 @@ def prepare_row(spec: JobSpec, batch: SpecBatch) -> tuple[Row | None, dict[str, 
             retry = retry.override_json()
         retry, retry_errors = check_override(retry)
         errors.update(retry_errors)
+    keys: list[str] = []
+    declared = declared_keys(op)
+    if declared or spec.keys is not None:
+        keys, key_errors = job_keys(
+            declared,
+            spec.keys,
+            payload if not errors.get("payload") else {},
+            queue=queue or op.queue,
+            operation=spec.operation,
+        )
+        if key_errors and "payload" not in errors:
+            errors["keys"] = key_errors
     if errors:
         return None, errors
     return Row(
@@ -185,6 +200,8 @@ def prepare_row(spec: JobSpec, batch: SpecBatch) -> tuple[Row | None, dict[str, 
         float(timeout) if timeout is not None else None,
         schedule_id,
         retry_policy=retry,
+        flow_keys=keys or None,
+        fair_key=keys[0] if keys else None,
     ), {}
 
 

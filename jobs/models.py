@@ -46,6 +46,9 @@ class Queue(models.Model):
     # Days finished jobs of this queue are kept, by status ({"succeeded": 0.5}; "*": any
     # other status), set by an operator (jobs.retention); NULL: the settings' retention.
     retention_days = models.JSONField(null=True, blank=True)
+    # Set once a job with flow keys was enqueued here (jobs.fair_turns): workers then
+    # claim its keyed jobs through jobs.keyed_claims as well.
+    keyed = models.BooleanField(default=False, db_default=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -55,6 +58,52 @@ class Queue(models.Model):
     def default_kind(name: str) -> str:
         """Queues named ``*.batch`` and ``*.write`` carry batch messages by convention."""
         return QueueKind.BATCH if name.endswith((".batch", ".write")) else QueueKind.JOB
+
+
+class KeyLimit(models.Model):
+    """The limits of a flow key family (``account``) or of one key (``account:42``).
+
+    A job's key ``account:42`` obeys the row named ``account:42`` if there is
+    one, else the row of its family ``account`` (jobs.key_limits).
+    """
+
+    name = models.CharField(primary_key=True, max_length=200)
+    concurrency = models.PositiveIntegerField(null=True, blank=True)
+    rate = models.FloatField(null=True, blank=True)  # tokens per second
+    burst = models.FloatField(null=True, blank=True)  # the bucket's size; None: max(1, rate)
+    weight = models.FloatField(default=1.0, db_default=1.0)  # turns per round of fair dispatch
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class FlowKey(models.Model):
+    """One flow key in use: the row a keyed claim locks, and its rate bucket (jobs.keyed_claims)."""
+
+    key = models.CharField(primary_key=True, max_length=200)
+    tokens = models.FloatField(default=0, db_default=0)
+    refilled_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class FairLane(models.Model):
+    """A flow key's place in a queue's fair dispatch: the last turn it gave (jobs.fair_turns)."""
+
+    queue = models.CharField(max_length=200)
+    key = models.CharField(max_length=200)
+    last_turn = models.FloatField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "key"], name="fairlane_queue_key")]
+        indexes = [models.Index(fields=["queue", "-last_turn"], name="fairlane_turn_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.key}"
 
 
 class WorkerKind(TextChoices):
@@ -168,6 +217,14 @@ class Job(models.Model):
     # under the job's row lock so seqs commit in order and never leave gaps.
     last_event_seq = models.IntegerField(default=0)
     last_event_at = models.DateTimeField(null=True, blank=True)
+    # Flow control by key (jobs.flow_keys): the job's keys, the first of which
+    # (``fair_key``) places it in its queue's fair dispatch at ``fair_turn``.
+    # NULL on unkeyed jobs, which the usual claim serves.
+    flow_keys = models.JSONField(null=True, blank=True)
+    fair_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    fair_turn = models.FloatField(null=True, blank=True)
+    # How much priority aging added to ``priority`` while the job waited (jobs.aging).
+    priority_aged = models.SmallIntegerField(default=0, db_default=0)
 
     objects = JobQuerySet.as_manager()
 
@@ -212,7 +269,28 @@ class Job(models.Model):
                 models.F("priority").desc(),
                 "run_after",
                 name="job_claimable_idx",
-                condition=Q(status="queued"),
+                condition=Q(status="queued", fair_turn__isnull=True),
+            ),
+            # The keyed claim (jobs.keyed_claims): its window in turn order, each key's
+            # best jobs, and the keyed jobs running now (the limits' counts).
+            models.Index(
+                "queue",
+                "fair_turn",
+                name="job_fair_turn_idx",
+                condition=Q(status="queued", fair_turn__isnull=False),
+            ),
+            models.Index(
+                "queue",
+                "fair_key",
+                models.F("priority").desc(),
+                "fair_turn",
+                name="job_fair_key_idx",
+                condition=Q(status="queued", fair_turn__isnull=False),
+            ),
+            models.Index(
+                "fair_key",
+                name="job_running_keyed_idx",
+                condition=Q(status="running", fair_key__isnull=False),
             ),
             # Lease expiry and the reaper's scans over running rows only.
             models.Index(

@@ -31,12 +31,13 @@ import functools
 import importlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jobs.events import JOB_PROGRESS
 from jobs.exceptions import ControlPlaneError, JobCancelled, RetryLaterError, UnknownOperation
+from jobs.flow_keys import Key, check_declared
 from jobs.retry_policy import RetryPolicy
 from jobs.schema_precheck import known_valid
 from jobs.storable import MAX_DEPTH, checked_progress, depth_problem, first_unstorable, too_deep
@@ -161,6 +162,9 @@ class Operation:
     # A periodic schedule declared with the operation (jobs.schedules.declared): a cron
     # expression, or a dict with cron | every_seconds, timezone, payload, catch_up, overlap.
     schedule: ClassVar[str | dict[str, Any] | None] = None
+    # Flow keys (jobs.flow_keys): ``Key`` objects or templates filled from each payload,
+    # such as ``Key("account:{account_id}", concurrency=2)``.
+    keys: ClassVar[tuple[Key | str, ...]] = ()
 
     def execute(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
         raise NotImplementedError
@@ -444,6 +448,7 @@ class OperationRegistry:
                 "give a jobs.retry_policy.RetryPolicy, or None for the knobs' policy."
             )
         _ = instance.retry_policy  # exception classes are checked now, at start-up
+        instance.keys = check_declared(instance.name, instance.keys)
         self._ops[instance.name] = instance
         return op
 
@@ -480,6 +485,7 @@ def operation(
     timeout_seconds: float | None = None,
     schedule: str | dict[str, Any] | None = None,
     retry: RetryPolicy | None = None,
+    keys: Sequence[Key | str] = (),
     target: OperationRegistry | None = None,
     on_success: Callable[[JobOutcome, Any], None] | None = None,
     on_failure: Callable[[JobOutcome, JobError], None] | None = None,
@@ -500,6 +506,7 @@ def operation(
                 "timeout_seconds": timeout_seconds,
                 "schedule": schedule,
                 "retry": retry,
+                "keys": tuple(keys),
                 "description": (func.__doc__ or "").strip(),
                 "func": staticmethod(func),
                 **_outcome_hooks(on_success=on_success, on_failure=on_failure),

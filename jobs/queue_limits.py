@@ -53,17 +53,23 @@ class QueueSettings(NamedTuple):
     cap: int | None  # most jobs running at once across all workers; None: no cap
     kind: str  # QueueKind: jobs, or batch messages
     rate: float | None  # most jobs started per second across all workers; None: no limit
+    keyed: bool = False  # holds jobs with flow keys, claimed by jobs.keyed_claims as well
 
     @property
     def unlimited_jobs(self) -> bool:
         """A job queue with neither a cap nor a rate limit: claimed with the others at once."""
         return self.kind == QueueKind.JOB and self.cap is None and self.rate is None
 
+    @property
+    def plain_jobs(self) -> bool:
+        """An unlimited job queue without keyed jobs: the one statement serves it whole."""
+        return self.unlimited_jobs and not self.keyed
+
 
 def queue_settings(names: Sequence[str]) -> dict[str, QueueSettings]:
     """The settings of each queue in ``names``; a queue without a row has the defaults."""
     rows = {
-        q.name: QueueSettings(q.paused, q.concurrency_cap, q.kind, q.rate_limit_per_second)
+        q.name: QueueSettings(q.paused, q.concurrency_cap, q.kind, q.rate_limit_per_second, q.keyed)
         for q in Queue.objects.filter(name__in=names)
     }
     return {

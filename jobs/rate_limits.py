@@ -28,7 +28,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -51,21 +51,28 @@ def burst(rate: float) -> float:
 
 
 def refill(
-    tokens: float, refilled_at: datetime | None, *, rate: float, now: datetime
+    tokens: float,
+    refilled_at: datetime | None,
+    *,
+    rate: float,
+    now: datetime,
+    capacity: float | None = None,
 ) -> tuple[float, datetime]:
     """The bucket's tokens at ``now`` and the stamp to store with them.
 
     A bucket never refilled starts full. Tokens grow by ``elapsed × rate`` up
-    to ``burst(rate)``. A claimer whose clock is behind the stored stamp (a
-    skewed host) adds nothing and keeps the stamp: skew can only slow a
-    queue down, never let it past its limit.
+    to ``capacity`` (default ``burst(rate)``; a flow key may set its own). A
+    claimer whose clock is behind the stored stamp (a skewed host) adds
+    nothing and keeps the stamp: skew can only slow a queue down, never let
+    it past its limit.
     """
+    full = burst(rate) if capacity is None else capacity
     if refilled_at is None:
-        return burst(rate), now
+        return full, now
     elapsed = (now - refilled_at).total_seconds()
     if elapsed <= 0:
-        return min(tokens, burst(rate)), refilled_at
-    return min(burst(rate), tokens + elapsed * rate), now
+        return min(tokens, full), refilled_at
+    return min(full, tokens + elapsed * rate), now
 
 
 def take(tokens: float, wanted: int) -> int:
@@ -106,18 +113,23 @@ def claim_rate_limited(
     cap: int | None = None,
     runner: Runner | None = None,
     using: str = "default",
+    claimer: Callable[[int], list[ClaimedJob]] | None = None,
 ) -> RateLimitedClaim:
     """``claim_jobs`` on one rate-limited queue, at most as many jobs as its bucket allows.
 
     One transaction: lock the queue row, refill, claim at most the whole
     tokens (``cap`` applies as well), store what is left. A queue whose limit
     was cleared since the caller read its settings is claimed unlimited.
+    ``claimer(n)`` claims instead of ``claim_jobs`` (the keyed claim, which
+    applies ``cap`` itself).
     """
     if limit <= 0:
         return RateLimitedClaim([])
     now = db_now(using)
 
     def claim(n: int) -> list[ClaimedJob]:
+        if claimer is not None:
+            return claimer(n)
         return claim_jobs(
             queues=[queue],
             worker_id=worker_id,

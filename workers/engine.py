@@ -59,6 +59,8 @@ from jobs.claims import (
 from jobs.clock import check_skew, db_now
 from jobs.exceptions import LeaseLost
 from jobs.independent import independent_connection
+from jobs.key_limits import apply_declared_limits
+from jobs.keyed_claims import claim_keyed
 from jobs.logging_json import state_line_level
 from jobs.models import QueueKind, Worker, WorkerKind
 from jobs.operations import OperationRegistry
@@ -195,6 +197,7 @@ class JobWorker:
         # Per served queue; see ``_settings``.
         self._queue_settings: dict[str, QueueSettings] = {}
         self._token_waits = TokenWaits()
+        self._key_token_due = math.inf  # monotonic: when a key's next token is due
         self._queue_settings_read = 0.0
         self._fused = connection.vendor == "postgresql"
         self._local_operations = tuple(self._registry.names())
@@ -247,6 +250,8 @@ class JobWorker:
             return EXIT_GRACEFUL
         # CONTROLPLANE["QUEUES"]: before the first claim, so a declared rate limit holds from it.
         with_db_retry(apply_configured_queues, what="queue_settings", attempts=3)
+        # Limits declared with operations' keys and CONTROLPLANE["KEYS"], likewise.
+        with_db_retry(apply_declared_limits, what="key_settings", attempts=3)
         self._heartbeat.start()
         if can_listen() and not self.config.poll_only:
             self._listener = NotifyListener(self.config.queues, self.wake, worker_id=self.id)
@@ -495,7 +500,7 @@ class JobWorker:
         if self._fused:
             settings = self._settings()
             open_queues = [q for q in self.config.queues if not settings[q].paused]
-            if open_queues and all(settings[q].unlimited_jobs for q in open_queues):
+            if open_queues and all(settings[q].plain_jobs for q in open_queues):
                 return self._complete_and_claim(open_queues)
         self._flush_completions()
         return self._claim_pass()
@@ -548,6 +553,9 @@ class JobWorker:
                 claimed += self._start_rate_limited(queue, free - claimed, cap, rate)
             elif cap is not None and free - claimed > 0:
                 claimed += self._start_jobs([queue], free - claimed, cap)
+        for queue in job_queues:
+            if settings[queue].keyed and free - claimed > 0:
+                claimed += self._start_keyed(queue, free - claimed, settings[queue])
         for queue in open_queues:
             if settings[queue].kind == QueueKind.BATCH and free - claimed > 0:
                 messages = claim_messages(
@@ -590,10 +598,55 @@ class JobWorker:
         self._submit_jobs(claim.jobs)
         return len(claim.jobs)
 
+    def _start_keyed(self, queue: str, limit: int, settings: QueueSettings) -> int:
+        """Claim the queue's keyed jobs (``jobs.keyed_claims``), through its bucket if it has one.
+
+        A key out of tokens held a job back: the loop wakes when its next token is due.
+        """
+        retry: list[float] = []
+
+        def claim(n: int) -> list[ClaimedJob]:
+            result = claim_keyed(
+                queue=queue,
+                worker_id=self.id,
+                limit=n,
+                lease_seconds=self.config.lease_seconds,
+                local_operations=self._local_operations,
+                cap=settings.cap,
+            )
+            if result.retry_in is not None:
+                retry.append(result.retry_in)
+            return result.jobs
+
+        if settings.rate is None:
+            jobs = claim(limit)
+        elif not self._token_waits.ready(queue, rate=settings.rate):
+            return 0
+        else:
+            bucket = claim_rate_limited(
+                queue=queue,
+                worker_id=self.id,
+                limit=limit,
+                lease_seconds=self.config.lease_seconds,
+                claimer=claim,
+            )
+            if bucket.retry_in is not None:
+                self._token_waits.hold(queue, rate=settings.rate, seconds=bucket.retry_in)
+            jobs = bucket.jobs
+        if retry:
+            self._key_token_due = min(self._key_token_due, time.monotonic() + min(retry))
+        self._submit_jobs(jobs)
+        return len(jobs)
+
     def _until_next_token(self) -> float:
-        """Seconds until a rate-limited queue's next token is due (or a poll, if none waits)."""
+        """Seconds until a rate-limited queue's or key's next token is due (or a poll)."""
         due = self._token_waits.seconds_left(self.config.queues)
-        return self.config.poll_seconds if due is None else due
+        wait = self.config.poll_seconds if due is None else due
+        if self._key_token_due < math.inf:
+            wait = min(wait, max(0.0, self._key_token_due - time.monotonic()))
+            if wait == 0.0:
+                self._key_token_due = math.inf
+        return wait
 
     def _submit_jobs(self, jobs: list[ClaimedJob]) -> None:
         claimed = state_line_level(logging.DEBUG)  # INFO with JSON logs (LOG_FORMAT=json)

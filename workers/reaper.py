@@ -36,6 +36,7 @@ from django.db import connection, transaction
 from jobs.clock import check_skew, db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
+from jobs.key_limits import apply_declared_limits
 from jobs.metrics.rollup import prune_metric_rollups, roll_up_metrics
 from jobs.models import ScheduleFire, Worker
 from jobs.partitions import (
@@ -292,6 +293,7 @@ class Reaper:
         log.info("reaper.started interval=%.2fs", self.config.interval_seconds)
         # CONTROLPLANE["QUEUES"], for deployments whose workers are all remote.
         with_db_retry(apply_configured_queues, what="queue_settings", attempts=3)
+        with_db_retry(apply_declared_limits, what="key_settings", attempts=3)
         while not self.stopping.is_set():
             try:
                 result = self.run_once()

@@ -1,0 +1,412 @@
+"""The claim of keyed jobs: fair across keys, within every key's limits, on every worker at once.
+
+One transaction per claim, on one queue:
+
+1. **Window.** The queue's ready keyed jobs in turn order (``fair_turn``,
+   given at enqueue by ``jobs.fair_turns``), ``window_size(limit)`` of them:
+   each is a turn for its fair key. Each key's turns go to its best jobs by
+   priority (then turn), locked ``FOR UPDATE SKIP LOCKED`` (PostgreSQL: one
+   statement, a ``LATERAL`` probe of ``job_fair_key_idx`` per key).
+2. **Keys.** The limited keys those jobs carry (``jobs.key_limits``) are
+   locked, ``FOR UPDATE SKIP LOCKED`` on their ``FlowKey`` rows (made on
+   first use). A key another claimer holds is skipped this round: nobody
+   waits on a key, so claimers never deadlock on them.
+3. **Counts.** The running jobs of those keys, counted by a *new* statement
+   after the locks: its snapshot sees every claim that held a key before
+   us, so two claimers can never both see room for the same last slot.
+4. **Admission**, in Python, in turn order: a job starts when every one of
+   its limited keys has room (``concurrency``) and a whole token
+   (``rate``), and the claim's ``limit`` is not reached.
+5. **Writes.** Buckets spent, turns handed over (a key's best job ran on the
+   turn of an earlier one of lower priority: that job takes the later turn,
+   so priority reorders a key's jobs without taking turns from other keys),
+   and the admitted jobs started with their ``job.started`` events, as
+   ``jobs.claims`` starts any job.
+
+SQLite: the same steps under its IMMEDIATE transaction, which lets one
+claimer in at a time (no row locks to take).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from jobs.claims import (
+    ClaimedJob,
+    Runner,
+    operation_conditions,
+    room_under_cap,
+    start_picked,
+    this_process,
+)
+from jobs.dialect import dialect
+from jobs.key_limits import Limits, cache, limits_for
+from jobs.models import FlowKey
+from jobs.rate_limits import refill, seconds_until_token
+from jobs.tables import FLOW_KEY_TABLE, JOB_TABLE
+
+_EPSILON = 1e-9
+MAX_WINDOW = 1000
+
+
+def window_size(limit: int) -> int:
+    """How many turns a claim of ``limit`` jobs looks at: room for keys found at their limit."""
+    return min(MAX_WINDOW, max(64, 4 * limit))
+
+
+@dataclass(frozen=True)
+class KeyedClaim:
+    """What a keyed claim started, and when a key's next token is due if one held a job back."""
+
+    jobs: list[ClaimedJob]
+    retry_in: float | None = None
+
+
+@dataclass
+class _Candidate:
+    id: Any  # as the database reads it back (dialect-specific)
+    keys: list[str]
+    turn: float
+
+
+@dataclass
+class _Lane:
+    """One fair key's turns in the window, and its best jobs to give them to."""
+
+    key: str
+    turns: list[tuple[Any, float]] = field(default_factory=list)  # (id, turn) in turn order
+    best: list[_Candidate] = field(default_factory=list)  # priority order
+
+
+def claim_keyed(
+    *,
+    queue: str,
+    worker_id: uuid.UUID,
+    limit: int,
+    lease_seconds: float,
+    operations: Sequence[str] | None = None,
+    local_operations: Collection[str] | None = None,
+    cap: int | None = None,
+    runner: Runner | None = None,
+    using: str = "default",
+) -> KeyedClaim:
+    """Claim and start up to ``limit`` keyed jobs of ``queue`` (steps in the module's docstring).
+
+    ``cap`` is the queue's concurrency cap, counted with its unkeyed jobs.
+    """
+    if limit <= 0 or (operations is not None and not operations):
+        return KeyedClaim([])
+    d = dialect(using)
+    runner = runner or this_process()
+    limits = cache.rows(using)
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        if cap is not None:
+            limit = min(limit, room_under_cap(cursor, d, queue, cap))
+            if limit <= 0:
+                return KeyedClaim([])
+        now = None if d.postgres else timezone.now()
+        lanes = _window(cursor, d, queue, limit, now, operations, local_operations)
+        if not lanes:
+            return KeyedClaim([])
+        limited = sorted(
+            {
+                k
+                for lane in lanes
+                for c in lane.best
+                for k in c.keys
+                if limits_for(k, limits).limited
+            }
+        )
+        held, db_now = _lock_keys(cursor, d, limited) if limited else ({}, None)
+        running = _running(cursor, d, [k for k in held if limits_for(k, limits).concurrency])
+        admission = _Admission(limits, held, running, db_now or now or timezone.now())
+        admitted = admission.run(lanes, limit)
+        if not admitted:
+            return KeyedClaim([], admission.retry_in)
+        _spend_tokens(cursor, d, admission)
+        _hand_over_turns(cursor, d, lanes, {c.id for c in admitted})
+        ids = [c.id for c in admitted]
+        jobs = start_picked(
+            cursor,
+            d,
+            pick=_ids_pick(d, len(ids)),
+            pick_params=_ids_params(d, ids),
+            worker_id=worker_id,
+            now=now,
+            lease_seconds=lease_seconds,
+            runner=runner,
+        )
+    return KeyedClaim(jobs, admission.retry_in)
+
+
+# --- 1. the window ------------------------------------------------------------------
+
+
+def _window(
+    cursor: Any,
+    d: Any,
+    queue: str,
+    limit: int,
+    now: datetime | None,
+    operations: Sequence[str] | None,
+    local_operations: Collection[str] | None,
+) -> list[_Lane]:
+    """The window's lanes in turn order, each with its best jobs (locked on PostgreSQL)."""
+    now_sql, now_params = d.now(at=now)
+    filters = [("queue = %s", [queue]), (f"run_after <= {now_sql}", now_params)]
+    filters += operation_conditions(d, operations, local_operations)
+    where = " AND ".join(["status = 'queued'", "fair_turn IS NOT NULL", *(f for f, _ in filters)])
+    where_params = [p for _, ps in filters for p in ps]
+    size = window_size(limit)
+    lanes: dict[str, _Lane] = {}
+    if d.postgres:
+        cursor.execute(
+            f"WITH win AS (SELECT id, fair_key, fair_turn FROM {JOB_TABLE} WHERE {where} "
+            "ORDER BY fair_turn LIMIT %s), "
+            "slots AS (SELECT fair_key, count(*) AS n, min(fair_turn) AS first FROM win "
+            "GROUP BY fair_key) "
+            "SELECT 0, w.fair_key, w.id, w.fair_turn, NULL::jsonb, 0 FROM win w "
+            "UNION ALL "
+            "SELECT 1, s.fair_key, c.id, c.fair_turn, c.flow_keys, c.priority FROM slots s "
+            f"CROSS JOIN LATERAL (SELECT id, fair_turn, flow_keys, priority FROM {JOB_TABLE} "
+            f"WHERE {where} AND fair_key = s.fair_key "
+            "ORDER BY priority DESC, fair_turn LIMIT s.n FOR UPDATE SKIP LOCKED) c",
+            [*where_params, size, *where_params],
+        )
+        rows = cursor.fetchall()
+        for _kind, key, job_id, turn, _keys, _priority in sorted(
+            (r for r in rows if r[0] == 0), key=lambda r: r[3]
+        ):
+            lanes.setdefault(key, _Lane(key)).turns.append((job_id, turn))
+        best = sorted((r for r in rows if r[0] == 1), key=lambda r: (-r[5], r[3]))
+        for _kind, key, job_id, turn, keys, _priority in best:
+            lanes[key].best.append(_Candidate(job_id, d.read_json(keys), turn))
+        return [lane for lane in lanes.values() if lane.best]
+    cursor.execute(
+        f"SELECT id, fair_key, fair_turn FROM {JOB_TABLE} WHERE {where} "
+        "ORDER BY fair_turn LIMIT %s",
+        [*where_params, size],
+    )
+    for job_id, key, turn in cursor.fetchall():
+        lanes.setdefault(key, _Lane(key)).turns.append((job_id, turn))
+    for lane in lanes.values():
+        cursor.execute(
+            f"SELECT id, fair_turn, flow_keys FROM {JOB_TABLE} WHERE {where} AND fair_key = %s "
+            "ORDER BY priority DESC, fair_turn LIMIT %s",
+            [*where_params, lane.key, len(lane.turns)],
+        )
+        lane.best = [_Candidate(r[0], d.read_json(r[2]), r[1]) for r in cursor.fetchall()]
+    return list(lanes.values())
+
+
+# --- 2. and 3. the keys and their counts ---------------------------------------------
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    refilled_at: datetime | None
+
+
+def _lock_keys(cursor: Any, d: Any, keys: list[str]) -> tuple[dict[str, _Bucket], datetime | None]:
+    """Lock the keys' rows (made on first use); those another claimer holds are left out.
+
+    Returns each held key's bucket and the database's time (PostgreSQL).
+    """
+    if d.postgres:
+        cursor.execute(
+            f"WITH made AS (INSERT INTO {FLOW_KEY_TABLE} (key, tokens, refilled_at, created_at) "
+            "SELECT k, 0, NULL, statement_timestamp() FROM unnest(%s::text[]) AS k "
+            "ON CONFLICT DO NOTHING RETURNING key, tokens, refilled_at), "
+            f"held AS (SELECT key, tokens, refilled_at FROM {FLOW_KEY_TABLE} "
+            "WHERE key = ANY(%s::text[]) FOR UPDATE SKIP LOCKED) "
+            "SELECT key, tokens, refilled_at, statement_timestamp() FROM held "
+            "UNION ALL SELECT key, tokens, refilled_at, statement_timestamp() FROM made",
+            [keys, keys],
+        )
+        rows = cursor.fetchall()
+        return {r[0]: _Bucket(r[1], r[2]) for r in rows}, (rows[0][3] if rows else None)
+    # SQLite: its IMMEDIATE transaction already keeps other claimers out.
+    stamp = d.ts(timezone.now())
+    cursor.executemany(
+        f"INSERT INTO {FLOW_KEY_TABLE} (key, tokens, refilled_at, created_at) "
+        "VALUES (%s, 0, NULL, %s) ON CONFLICT DO NOTHING",
+        [(k, stamp) for k in keys],
+    )
+    rows = FlowKey.objects.using(cursor.db.alias).filter(key__in=keys)
+    return {r.key: _Bucket(r.tokens, r.refilled_at) for r in rows}, None
+
+
+def _running(cursor: Any, d: Any, keys: list[str]) -> dict[str, int]:
+    """How many jobs of each key run now (a new statement: it sees every earlier claim)."""
+    if not keys:
+        return {}
+    if d.postgres:
+        cursor.execute(
+            f"SELECT k.key, count(*) FROM {JOB_TABLE} j "
+            "CROSS JOIN LATERAL jsonb_array_elements_text(j.flow_keys) AS k(key) "
+            "WHERE j.status = 'running' AND j.fair_key IS NOT NULL AND k.key = ANY(%s::text[]) "
+            "GROUP BY k.key",
+            [keys],
+        )
+    else:
+        cursor.execute(
+            f"SELECT k.value, count(*) FROM {JOB_TABLE} j, json_each(j.flow_keys) k "
+            "WHERE j.status = 'running' AND j.fair_key IS NOT NULL "
+            f"AND k.value IN {d.in_list(len(keys))} GROUP BY k.value",
+            keys,
+        )
+    return dict(cursor.fetchall())
+
+
+# --- 4. admission -------------------------------------------------------------------
+
+
+class _Admission:
+    """Which candidates start: every limited key with room and a token, in turn order."""
+
+    def __init__(
+        self,
+        limits: dict[str, Limits],
+        held: dict[str, _Bucket],
+        running: dict[str, int],
+        now: datetime,
+    ) -> None:
+        self.limits = limits
+        self.held = held
+        self.now = now
+        self.room: dict[str, int] = {}
+        self.tokens: dict[str, float] = {}
+        self.stamps: dict[str, datetime] = {}
+        for key, bucket in held.items():
+            lim = limits_for(key, limits)
+            if lim.concurrency is not None:
+                self.room[key] = lim.concurrency - running.get(key, 0)
+            if lim.rate is not None:
+                tokens, stamp = refill(
+                    bucket.tokens, bucket.refilled_at, rate=lim.rate, now=now, capacity=lim.bucket
+                )
+                self.tokens[key], self.stamps[key] = tokens, stamp
+        self.spent: set[str] = set()
+        self.retry_in: float | None = None
+
+    def _fits(self, keys: list[str]) -> bool:
+        for key in keys:
+            lim = limits_for(key, self.limits)
+            if not lim.limited:
+                continue
+            if key not in self.held:
+                return False  # another claimer holds it now
+            if lim.concurrency is not None and self.room[key] <= 0:
+                return False
+            if lim.rate is not None and self.tokens[key] < 1 - _EPSILON:
+                wait = seconds_until_token(self.tokens[key], rate=lim.rate)
+                self.retry_in = wait if self.retry_in is None else min(self.retry_in, wait)
+                return False
+        return True
+
+    def _take(self, keys: list[str]) -> None:
+        for key in keys:
+            if key in self.room:
+                self.room[key] -= 1
+            if key in self.tokens:
+                self.tokens[key] -= 1
+                self.spent.add(key)
+
+    def run(self, lanes: list[_Lane], limit: int) -> list[_Candidate]:
+        admitted: list[_Candidate] = []
+        # Round-robin over the lanes, one turn each per round, until the turns run out.
+        taken = defaultdict(int)
+        pending = {lane.key: list(lane.best) for lane in lanes}
+        rounds = max((len(lane.turns) for lane in lanes), default=0)
+        for turn in range(rounds):
+            for lane in lanes:
+                if len(admitted) >= limit:
+                    return admitted
+                if turn >= len(lane.turns) or taken[lane.key] > turn:
+                    continue
+                queue = pending[lane.key]
+                for i, candidate in enumerate(queue):
+                    if self._fits(candidate.keys):
+                        self._take(candidate.keys)
+                        admitted.append(queue.pop(i))
+                        taken[lane.key] += 1
+                        break
+        return admitted
+
+
+# --- 5. the writes ------------------------------------------------------------------
+
+
+def _spend_tokens(cursor: Any, d: Any, admission: _Admission) -> None:
+    keys = sorted(admission.spent)
+    if not keys:
+        return
+    if d.postgres:
+        cursor.execute(
+            f"UPDATE {FLOW_KEY_TABLE} SET tokens = v.tokens, refilled_at = v.at "
+            "FROM unnest(%s::text[], %s::float8[], %s::timestamptz[]) AS v(key, tokens, at) "
+            f"WHERE {FLOW_KEY_TABLE}.key = v.key",
+            [
+                keys,
+                [max(0.0, admission.tokens[k]) for k in keys],
+                [admission.stamps[k] for k in keys],
+            ],
+        )
+        return
+    cursor.executemany(
+        f"UPDATE {FLOW_KEY_TABLE} SET tokens = %s, refilled_at = %s WHERE key = %s",
+        [(max(0.0, admission.tokens[k]), d.ts(admission.stamps[k]), k) for k in keys],
+    )
+
+
+def _hand_over_turns(cursor: Any, d: Any, lanes: list[_Lane], started: set[Any]) -> None:
+    """A key's started jobs take its earliest turns; the jobs that held those take theirs.
+
+    Only when priority picked a job from further back in its key: otherwise
+    the started jobs held those turns already and nothing is written.
+    """
+    moves: list[tuple[Any, float]] = []
+    for lane in lanes:
+        ran = [c for c in lane.best if c.id in started]
+        if not ran:
+            continue
+        earliest = lane.turns[: len(ran)]
+        earliest_ids = {job_id for job_id, _ in earliest}
+        later_turns = sorted(c.turn for c in ran if c.id not in earliest_ids)
+        holders = [job_id for job_id, _ in earliest if job_id not in started]
+        moves += list(zip(holders, later_turns, strict=True))
+    if not moves:
+        return
+    if d.postgres:
+        cursor.execute(
+            f"WITH movable AS (SELECT id FROM {JOB_TABLE} WHERE id = ANY(%s::uuid[]) "
+            "AND status = 'queued' FOR UPDATE SKIP LOCKED) "
+            f"UPDATE {JOB_TABLE} SET fair_turn = v.turn "
+            "FROM unnest(%s::uuid[], %s::float8[]) AS v(id, turn) "
+            f"WHERE {JOB_TABLE}.id = v.id AND {JOB_TABLE}.id IN (SELECT id FROM movable)",
+            [[m[0] for m in moves], [m[0] for m in moves], [m[1] for m in moves]],
+        )
+        return
+    cursor.executemany(
+        f"UPDATE {JOB_TABLE} SET fair_turn = %s WHERE id = %s AND status = 'queued'",
+        [(turn, job_id) for job_id, turn in moves],
+    )
+
+
+def _ids_pick(d: Any, n: int) -> str:
+    if d.postgres:
+        return "SELECT unnest(%s::uuid[])"
+    return f"SELECT id FROM {JOB_TABLE} WHERE id IN {d.in_list(n)}"
+
+
+def _ids_params(d: Any, ids: list[Any]) -> list[Any]:
+    return [ids] if d.postgres else list(ids)

@@ -1,0 +1,153 @@
+"""The keyed claim in-process (jobs.keyed_claims): limits by key, fair turns, priority within
+a key, rate buckets by key, and the usual claim leaving keyed jobs alone. Both databases."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from jobs.claims import Completion, claim_jobs, complete_jobs
+from jobs.enqueue import JobSpec, enqueue, enqueue_many
+from jobs.exceptions import EnqueueError
+from jobs.flow_keys import Key
+from jobs.key_limits import cache
+from jobs.keyed_claims import claim_keyed
+from jobs.models import Job, KeyLimit, Queue, Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def worker_id():
+    return Worker.objects.create(name="keyed-test", queues=["*"]).id
+
+
+@pytest.fixture
+def queue():
+    return f"keyed-{uuid.uuid4().hex[:8]}"
+
+
+def limit(name: str, **values) -> None:
+    KeyLimit.objects.update_or_create(name=name, defaults=values)
+    cache.forget()
+
+
+def claim(queue, worker_id, n=10, **kw):
+    return claim_keyed(queue=queue, worker_id=worker_id, limit=n, lease_seconds=30, **kw)
+
+
+def finish(jobs) -> None:
+    complete_jobs([Completion(j.id, j.lease_token) for j in jobs])
+
+
+def test_keys_come_from_the_enqueue_and_take_turns(queue):
+    job = enqueue("ping", queue=queue, keys=["account:1", "api:9"])
+    job.refresh_from_db()
+    assert job.flow_keys == ["account:1", "api:9"]
+    assert job.fair_key == "account:1"
+    assert job.fair_turn == pytest.approx(0.0)
+    assert Queue.objects.get(name=queue).keyed
+
+
+@pytest.fixture
+def open_op():
+    from jobs.operations import operation, registry
+
+    name = f"keyed.open.{uuid.uuid4().hex[:6]}"
+    operation(name)(lambda ctx, p: None)
+    yield name
+    registry.unregister(name)
+
+
+def test_a_template_names_a_field_the_payload_lacks(queue, open_op):
+    with pytest.raises(EnqueueError) as error:
+        enqueue(open_op, {"x": 1}, queue=queue, keys=["account:{account_id}"])
+    assert "account_id" in error.value.errors["keys"][0]
+    with pytest.raises(EnqueueError) as error:
+        enqueue(open_op, {"account_id": {"a": 1}}, queue=queue, keys=["account:{account_id}"])
+    assert "not a string" in error.value.errors["keys"][0]
+    job = enqueue(open_op, {"account_id": 42}, queue=queue, keys=[Key("account:{account_id}")])
+    assert job.flow_keys == ["account:42"]
+    assert not Job.objects.filter(queue=queue, flow_keys__isnull=True).exists()
+
+
+def test_the_usual_claim_leaves_keyed_jobs_alone(queue, worker_id):
+    enqueue_many([JobSpec("ping", queue=queue, keys=["a:1"]) for _ in range(3)])
+    plain = enqueue("ping", queue=queue)
+    got = claim_jobs(queues=[queue], worker_id=worker_id, limit=10, lease_seconds=30)
+    assert [j.id for j in got] == [plain.id]
+    assert len(claim(queue, worker_id).jobs) == 3
+
+
+def test_concurrency_by_key_across_claims(queue, worker_id):
+    limit("acct", concurrency=2)
+    enqueue_many([JobSpec("ping", queue=queue, keys=["acct:1"]) for _ in range(5)])
+    enqueue_many([JobSpec("ping", queue=queue, keys=["acct:2"]) for _ in range(5)])
+    first = claim(queue, worker_id).jobs
+    assert len(first) == 4  # two of each account
+    assert claim(queue, worker_id).jobs == []
+    finish(first[:1])
+    again = claim(queue, worker_id).jobs
+    assert len(again) == 1
+    assert Job.objects.get(id=again[0].id).fair_key == Job.objects.get(id=first[0].id).fair_key
+
+
+def test_a_key_of_its_own_wins_over_its_family(queue, worker_id):
+    limit("acct", concurrency=1)
+    limit("acct:vip", concurrency=3)
+    enqueue_many([JobSpec("ping", queue=queue, keys=["acct:vip"]) for _ in range(5)])
+    assert len(claim(queue, worker_id).jobs) == 3
+
+
+def test_every_key_of_a_job_must_have_room(queue, worker_id):
+    limit("api", concurrency=1)
+    enqueue_many([JobSpec("ping", queue=queue, keys=[f"acct:{i}", "api:shared"]) for i in range(4)])
+    assert len(claim(queue, worker_id).jobs) == 1
+
+
+def test_round_robin_across_keys(queue, worker_id):
+    enqueue_many([JobSpec("ping", queue=queue, keys=["big"]) for _ in range(200)])
+    small = enqueue_many([JobSpec("ping", queue=queue, keys=["small"]) for _ in range(10)])
+    started = []
+    for _ in range(20):
+        started += [j.id for j in claim(queue, worker_id, n=1).jobs]
+    small_ids = {j.id for j in small}
+    assert small_ids <= set(started)
+
+
+def test_priority_orders_jobs_within_a_key_without_taking_other_keys_turns(queue, worker_id):
+    enqueue_many([JobSpec("ping", queue=queue, keys=["a"]) for _ in range(5)])
+    enqueue_many([JobSpec("ping", queue=queue, keys=["b"]) for _ in range(5)])
+    urgent = enqueue("ping", queue=queue, keys=["a"], priority=10)
+    first = claim(queue, worker_id, n=1).jobs
+    assert [j.id for j in first] == [urgent.id]
+    second = claim(queue, worker_id, n=1).jobs
+    assert Job.objects.get(id=second[0].id).fair_key == "b"
+
+
+def test_rate_by_key(queue, worker_id):
+    limit("api", rate=2.0, burst=2.0)
+    enqueue_many([JobSpec("ping", queue=queue, keys=["api:1"]) for _ in range(6)])
+    first = claim(queue, worker_id)
+    assert len(first.jobs) == 2
+    empty = claim(queue, worker_id)
+    assert empty.jobs == [] and 0 < empty.retry_in <= 0.5
+    time.sleep(0.6)
+    assert len(claim(queue, worker_id).jobs) == 1
+
+
+def test_declared_limits_exist_before_the_first_claim(queue, worker_id):
+    from jobs.operations import operation, registry
+
+    name = f"keyed.op.{uuid.uuid4().hex[:6]}"
+    fam = f"fam{uuid.uuid4().hex[:6]}"
+    operation(name, queue=queue, keys=[Key(fam + ":{n}", concurrency=1)])(lambda ctx, p: None)
+    try:
+        enqueue_many([JobSpec(name, {"n": 1}) for _ in range(3)])
+        assert KeyLimit.objects.get(name=fam).concurrency == 1
+        cache.forget()
+        assert len(claim(queue, worker_id).jobs) == 1
+    finally:
+        registry.unregister(name)
