@@ -21,7 +21,7 @@ from django.db import connection, transaction
 
 from jobs import audit, transitions
 from jobs.exceptions import ControlPlaneError, JobNotFound
-from jobs.models import Job, Queue
+from jobs.models import Job, KeyLimit, Queue
 from jobs.rescheduling import NotWaiting, run_job_now
 from jobs.selectors.workers import live_worker_ids
 from jobs.states import RUNNING, TERMINAL
@@ -268,3 +268,39 @@ def set_queue_retention(name: str, value: Any, *, user: Any = None) -> Queue:
 
     checked = check_queue_retention(value)
     return _set_queue_setting(name, "retention_days", checked, audit.SET_RETENTION, user=user)
+
+
+def set_key_limits(name: str, values: dict[str, Any], *, user: Any = None) -> KeyLimit:
+    """Set the limits of a key family (``account``) or of one key (``account:42``), audited.
+
+    ``values`` holds any of ``concurrency``, ``rate``, ``burst`` and ``weight``
+    (``jobs.key_limits.check_limits``: ``KeyLimitError`` names each field out
+    of its rule; None clears a field). Fields not named keep their values.
+    Claims see the change within ``QUEUE_SETTINGS_CACHE_SECONDS`` (this
+    process: at once); a worker waiting for a token or for room tries again
+    at its next poll.
+    """
+    from jobs.key_limits import cache, check_limits, check_name
+
+    name = check_name(name)
+    checked = check_limits(values, partial=False)
+    with transaction.atomic():
+        row, _ = KeyLimit.objects.get_or_create(name=name)
+        for field, value in checked.items():
+            setattr(row, field, value)
+        row.save()
+        audit.record_action(user, audit.SET_KEY_LIMITS, target=name, filters=checked)
+    cache.forget()
+    return row
+
+
+def delete_key_limits(name: str, *, user: Any = None) -> bool:
+    """Remove a family's or a key's own limits (a key then obeys its family's), audited."""
+    from jobs.key_limits import cache
+
+    with transaction.atomic():
+        deleted, _ = KeyLimit.objects.filter(name=name).delete()
+        if deleted:
+            audit.record_action(user, audit.SET_KEY_LIMITS, target=name, filters={"deleted": True})
+    cache.forget()
+    return bool(deleted)

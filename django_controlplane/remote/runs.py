@@ -31,6 +31,7 @@ from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.events import LOG_EVENTS, TRANSITION_EVENTS
 from jobs.exceptions import UnstorableValue
+from jobs.keyed_claims import claim_keyed
 from jobs.models import Job, Queue, QueueKind, Worker
 from jobs.operations import registry
 from jobs.rate_limits import TokenWaits, claim_rate_limited
@@ -99,6 +100,37 @@ post_delete.connect(
 token_waits = TokenWaits()
 
 
+class _KeyTokens:
+    """When a key's next token is due, per queue: a parked claim tries again then.
+
+    Only a hint: unlike a queue's empty bucket it never stops a claim (the
+    queue's other keys may have tokens).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._due: dict[str, float] = {}
+
+    def due(self, queue: str, seconds: float) -> None:
+        at = time.monotonic() + seconds
+        with self._lock:
+            self._due[queue] = min(self._due.get(queue, at), at)
+
+    def left(self, queues: list[str]) -> float | None:
+        now = time.monotonic()
+        with self._lock:
+            ends = [self._due.pop(q) for q in queues if q in self._due]
+        return max(0.0, min(ends) - now) if ends else None
+
+
+key_tokens = _KeyTokens()
+
+
+def _soonest(*waits: float | None) -> float | None:
+    known = [w for w in waits if w is not None]
+    return min(known) if known else None
+
+
 @dataclass(frozen=True)
 class _OpenQueues:
     """The worker's job queues that are not paused, by how a claim treats them."""
@@ -106,16 +138,19 @@ class _OpenQueues:
     uncapped: list[str]
     capped: dict[str, int]
     limited: dict[str, tuple[float, int | None]]  # queue -> (rate, cap)
+    keyed: dict[str, tuple[float | None, int | None]]  # queue -> (rate, cap), for its keyed jobs
 
 
 def _open_job_queues(queues: list[str]) -> _OpenQueues:
     settings = queue_settings.get()
-    open_queues = _OpenQueues([], {}, {})
+    open_queues = _OpenQueues([], {}, {}, {})
     for name in queues:
         q = settings.get(name)
         kind = q.kind if q else Queue.default_kind(name)
         if kind != QueueKind.JOB or (q is not None and q.paused):
             continue
+        if q is not None and q.keyed:
+            open_queues.keyed[name] = (q.rate_limit_per_second, q.concurrency_cap)
         if q is not None and q.rate_limit_per_second is not None:
             open_queues.limited[name] = (q.rate_limit_per_second, q.concurrency_cap)
         elif q is not None and q.concurrency_cap is not None:
@@ -154,7 +189,10 @@ def _claim_once(worker: Worker, served: _Served, limit: int) -> list[ClaimedJob]
     found = _open_job_queues(served.queues)
     uncapped, capped = found.uncapped, found.capped
     limited = {q: v for q, v in found.limited.items() if token_waits.ready(q, rate=v[0])}
-    queues = [*uncapped, *capped, *limited]
+    keyed = {
+        q: v for q, v in found.keyed.items() if v[0] is None or token_waits.ready(q, rate=v[0])
+    }
+    queues = list(dict.fromkeys([*uncapped, *capped, *limited, *keyed]))
     if not queues:
         return []
     # A cheap read first: an empty poll must not take SQLite's write lock.
@@ -207,7 +245,52 @@ def _claim_once(worker: Worker, served: _Served, limit: int) -> list[ClaimedJob]
         if result.retry_in is not None:
             token_waits.hold(queue, rate=rate, seconds=result.retry_in)
         claimed += result.jobs
+    for queue, (rate, keyed_cap) in keyed.items():
+        if len(claimed) >= limit:
+            break
+        claimed += _claim_keyed(
+            worker, queue, limit - len(claimed), operations, runner, rate, keyed_cap
+        )
     return claimed
+
+
+def _claim_keyed(
+    worker: Worker,
+    queue: str,
+    limit: int,
+    operations: list[str],
+    runner: Runner,
+    rate: float | None,
+    cap: int | None,
+) -> list[ClaimedJob]:
+    """The queue's keyed jobs, within their keys' limits (``jobs.keyed_claims``) and its own."""
+
+    def claim(n: int) -> list[ClaimedJob]:
+        result = claim_keyed(
+            queue=queue,
+            worker_id=worker.pk,
+            limit=n,
+            lease_seconds=float(knob("LEASE_SECONDS")),
+            operations=operations,
+            runner=runner,
+            cap=cap,
+        )
+        if result.retry_in is not None:
+            key_tokens.due(queue, result.retry_in)
+        return result.jobs
+
+    if rate is None:
+        return claim(limit)
+    bucket = claim_rate_limited(
+        queue=queue,
+        worker_id=worker.pk,
+        limit=limit,
+        lease_seconds=float(knob("LEASE_SECONDS")),
+        claimer=claim,
+    )
+    if bucket.retry_in is not None:
+        token_waits.hold(queue, rate=rate, seconds=bucket.retry_in)
+    return bucket.jobs
 
 
 @dataclass(frozen=True)
@@ -245,7 +328,9 @@ def claim(*, worker_id: uuid.UUID | str, user: Any, limit: int = 1) -> ClaimAtte
         jobs=jobs,
         queues=frozenset(queues),
         kind=(tuple(sorted(queues)), tuple(sorted(served.operations))),
-        retry_in=None if jobs else token_waits.seconds_left(queues),
+        retry_in=None
+        if jobs
+        else _soonest(token_waits.seconds_left(queues), key_tokens.left(queues)),
     )
 
 
