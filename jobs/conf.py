@@ -162,6 +162,13 @@ DEFAULTS: dict[str, Any] = {
     # Per-queue limits applied by workers and reapers at start when they change
     # (jobs.queue_limits): {"emails": {"rate_limit_per_second": 5, "concurrency_cap": 10}}.
     "QUEUES": {},
+    # Flow key limits by family (jobs.key_limits), applied like QUEUES:
+    # {"account": {"concurrency": 2}, "api": {"rate": 10, "burst": 20}}.
+    "KEYS": {},
+    # Priority aging (jobs.aging): each time a ready job has waited this many more
+    # seconds, the reaper raises its priority by one (up to the highest), so low
+    # priority work is never starved for ever. 0: off.
+    "PRIORITY_AGING_SECONDS": 0.0,
     # Where operations live: modules imported at start-up. Every installed
     # app's ``operations`` module is imported as well.
     # (``jobs.tasks_operation``: the operation of the django.tasks backend, without it.)

@@ -56,6 +56,22 @@ def refuse_legacy_tables(apps_state: object, schema_editor: object) -> None:
         )
 
 
+# The migrations that (re)wrote ``controlplane_claimable_ids``, newest first.
+_CLAIMABLE_IDS_MIGRATIONS = ("0016_flow_keys", "0004_claimable_ids_function")
+
+
+def _claimable_ids_migration(cursor: object) -> str:
+    """The newest migration that wrote the pick's function and is applied to this database."""
+    for name in _CLAIMABLE_IDS_MIGRATIONS:
+        cursor.execute(  # type: ignore[attr-defined]
+            "SELECT 1 FROM django_migrations WHERE app IN (%s, %s) AND name = %s",
+            [OLD_LABEL, "controlplane", name],
+        )
+        if cursor.fetchone():  # type: ignore[attr-defined]
+            return name
+    return _CLAIMABLE_IDS_MIGRATIONS[-1]
+
+
 def _migration_sql(module: str, name: str) -> str:
     return getattr(importlib.import_module(f"jobs.migrations.{module}"), name)
 
@@ -83,7 +99,7 @@ def relabel(connection: BaseDatabaseWrapper) -> list[str]:
                 renamed.append(model._meta.db_table)
         if connection.vendor == "postgresql":
             cursor.execute(_migration_sql("0002_operator_action_and_index_tuning", "CREATE_NOTIFY"))
-            cursor.execute(_migration_sql("0004_claimable_ids_function", "CREATE_FUNCTION"))
+            cursor.execute(_migration_sql(_claimable_ids_migration(cursor), "CREATE_FUNCTION"))
         cursor.execute(
             "UPDATE django_migrations SET app = %s WHERE app = %s", ["controlplane", OLD_LABEL]
         )

@@ -38,9 +38,10 @@ class WorkersConfig(AppConfig):
         global _collector_paused
         from django.core import checks
 
-        from workers.config import check_worker_class
+        from workers.config import check_key_limits, check_worker_class
 
         checks.register(check_worker_class, checks.Tags.compatibility)
+        checks.register(check_key_limits, checks.Tags.compatibility)
         if _collector_paused:
             _collector_paused = False
             gc.freeze()

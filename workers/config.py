@@ -126,3 +126,21 @@ def check_worker_class(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             )
         ]
     return []
+
+
+def check_key_limits(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """System check: ``KEYS`` and the operations' declared key limits are valid and agree."""
+    from jobs.key_limits import declared_limits
+
+    try:
+        declared_limits()
+    except ImproperlyConfigured as error:
+        return [
+            checks.Error(
+                str(error),
+                hint="Fix CONTROLPLANE['KEYS'] (or CONTROLPLANE_KEYS), or the operations' "
+                "keys=[Key(...)] declarations (docs/flow-control.md).",
+                id="controlplane.E031",
+            )
+        ]
+    return []

@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
+from jobs.aging import age_priorities
 from jobs.clock import check_skew, db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
@@ -85,6 +86,7 @@ class ReaperResult:
     metric_rows_pruned: int = 0
     partitions_created: int = 0
     partitions_dropped: int = 0
+    priorities_aged: int = 0
     errors: int = 0
 
     def __str__(self) -> str:
@@ -153,6 +155,7 @@ class Reaper:
             ("retention", self._retention),
             ("purge", self._purge),
             ("metrics", self._metrics),
+            ("aging", self._aging),
         )
         for name, step in steps:
             try:
@@ -271,6 +274,12 @@ class Reaper:
             result.fires_pruned += pruned
             if pruned < size:
                 break
+
+    def _aging(self, now: datetime, result: ReaperResult) -> None:
+        """Priority aging (``PRIORITY_AGING_SECONDS``; jobs.aging), when it is on."""
+        every = float(knob("PRIORITY_AGING_SECONDS") or 0)
+        if every > 0:
+            result.priorities_aged = age_priorities(every_seconds=every, now=now)
 
     def _purge(self, now: datetime, result: ReaperResult) -> None:
         """Drop the leftover batch messages of parents that finished (timeout, failure)."""
