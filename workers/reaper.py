@@ -38,6 +38,7 @@ from jobs.clock import check_skew, db_now
 from jobs.conf import knob
 from jobs.dialect import dialect
 from jobs.key_limits import apply_declared_limits
+from jobs.key_state import prune_idle_keys
 from jobs.metrics.rollup import prune_metric_rollups, roll_up_metrics
 from jobs.models import ScheduleFire, Worker
 from jobs.partitions import (
@@ -87,6 +88,7 @@ class ReaperResult:
     partitions_created: int = 0
     partitions_dropped: int = 0
     priorities_aged: int = 0
+    keys_pruned: int = 0  # idle flow keys' rows (jobs.key_state)
     errors: int = 0
 
     def __str__(self) -> str:
@@ -249,6 +251,7 @@ class Reaper:
         Jobs of a shorter retention go here, their events by DELETE: keeping
         them until their partition goes would keep them the longest retention.
         """
+        result.keys_pruned = prune_idle_keys(now)
         size = int(self.config.retention_batch_size)
         rules = current_retention(self.config.retention_days)
         covered = covered_ranges(event_partitions()) if is_partitioned() else []

@@ -40,3 +40,16 @@ def test_the_reaper_ages_only_when_the_setting_is_on(settings):
     result = Reaper().run_once()
     assert result.priorities_aged >= 1
     assert Job.objects.get(id=job.id).priority == 1
+
+
+def test_the_reaper_prunes_idle_keys_but_keeps_lanes_with_queued_jobs():
+    from jobs.key_state import IDLE_DAYS, prune_idle_keys
+    from jobs.models import FairLane, FlowKey
+
+    waiting = enqueue("ping", queue="prune-q", keys=["busy:1"])
+    enqueue("ping", queue="prune-q", keys=["idle:1"]).delete()
+    FlowKey.objects.create(key="idle:1")
+    later = db_now() + timedelta(days=IDLE_DAYS, seconds=5)
+    assert prune_idle_keys(later) == 2  # the idle lane and the idle key row
+    assert set(FairLane.objects.values_list("key", flat=True)) == {"busy:1"}
+    assert Job.objects.filter(id=waiting.id, status="queued").exists()
