@@ -151,3 +151,35 @@ def test_declared_limits_exist_before_the_first_claim(queue, worker_id):
         assert len(claim(queue, worker_id).jobs) == 1
     finally:
         registry.unregister(name)
+
+
+def test_the_queues_cap_counts_keyed_and_unkeyed_jobs_together(queue, worker_id):
+    enqueue_many([JobSpec("ping", queue=queue) for _ in range(2)])
+    enqueue_many([JobSpec("ping", queue=queue, keys=[f"k:{i}"]) for i in range(5)])
+    plain = claim_jobs(queues=[queue], worker_id=worker_id, limit=10, lease_seconds=30, cap=3)
+    assert len(plain) == 2
+    assert len(claim(queue, worker_id, cap=3).jobs) == 1  # 3 running: the cap is full
+    assert claim(queue, worker_id, cap=3).jobs == []
+
+
+def test_the_queues_bucket_and_the_keys_limits_compose(queue, worker_id):
+    from jobs.rate_limits import claim_rate_limited
+
+    Queue.objects.filter(name=queue).update(rate_limit_per_second=3)
+    limit("acct", concurrency=1)
+    enqueue_many([JobSpec("ping", queue=queue, keys=[f"acct:{i % 2}"]) for i in range(8)])
+    Queue.objects.filter(name=queue).update(rate_limit_per_second=3)
+
+    def keyed(n):
+        return claim(queue, worker_id, n=n).jobs
+
+    first = claim_rate_limited(
+        queue=queue, worker_id=worker_id, limit=10, lease_seconds=30, claimer=keyed
+    )
+    assert len(first.jobs) == 2  # the bucket held 3; the keys allowed one each
+    finish(first.jobs)
+    second = claim_rate_limited(
+        queue=queue, worker_id=worker_id, limit=10, lease_seconds=30, claimer=keyed
+    )
+    assert len(second.jobs) == 1  # one token left (tokens found no job are given back)
+    assert second.retry_in is not None
