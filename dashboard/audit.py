@@ -23,6 +23,7 @@ from jobs.audit import (
     RETRY,
     RUN_NOW,
     SET_CAP,
+    SET_KEY_LIMITS,
     SET_RATE_LIMIT,
     SET_RETENTION,
 )
@@ -82,6 +83,13 @@ def _detail(entry: OperatorAction) -> str:
         if not days:
             return "the settings' retention"
         return ", ".join(f"{status} {value:g} d" for status, value in days.items())
+    if entry.action == SET_KEY_LIMITS:
+        if described.get("deleted"):
+            return "removed"
+        return ", ".join(
+            f"{key} {'none' if value is None else format(value, 'g')}"
+            for key, value in described.items()
+        )
     if entry.action == APPLY_SETTINGS:
         return ", ".join(f"{key}={value}" for key, value in described.items())
     if entry.action == DISCARD:

@@ -23,6 +23,7 @@ from dashboard import detail as detail_reads
 from dashboard.conf import setting
 from jobs.models import Job, JobEvent
 from jobs.permissions import OPERATOR
+from jobs.selectors.flow_keys import held_back, waiting_reason
 from jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL
 from jobs.waiting import waiting_of
 
@@ -114,6 +115,9 @@ def queues_context() -> dict[str, Any]:
         "operator_actions": audit.recent_rows(),
         "reclaim_hours": setting("RECLAIM_WINDOW_HOURS"),
         "states": selectors.STATES,
+        # Flow keys: per keyed queue the keys holding jobs back, and every key limit.
+        "held_back": list(held_back().values()),
+        "key_limits": selectors.key_limit_rows(),
     }
 
 
@@ -170,6 +174,8 @@ def job_context(detail: detail_reads.JobDetail, role: str | None) -> dict[str, A
         "job": job,
         "progress": detail.progress,
         "waiting": waiting,
+        "flow_keys": [k for k in (job.flow_keys or []) if isinstance(k, str)],
+        "waiting_reasons": waiting_reason(job),
         "can_cancel": can_act and job.status in (QUEUED, RUNNING),
         "can_retry": can_act and job.status in (FAILED, CANCELLED),
         "can_run_now": can_act and waiting is not None and not waiting.due,

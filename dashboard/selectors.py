@@ -24,7 +24,7 @@ from dashboard.conf import setting
 from jobs.dialect import dialect
 from jobs.events import RECLAIM_EVENTS
 from jobs.failures import FINGERPRINT_MESSAGE_CHARS, fingerprint
-from jobs.models import BatchMessage, Job, JobEvent, Queue, QueueKind, Worker
+from jobs.models import BatchMessage, Job, JobEvent, KeyLimit, Queue, QueueKind, Worker
 from jobs.replica import read_connection
 from jobs.retention import FINAL_STATUSES, current_retention
 from jobs.selectors import JobCursor, JobFilters, after_cursor
@@ -313,6 +313,11 @@ def queue_rows() -> list[QueueRow]:
             )
         )
     return rows
+
+
+def key_limit_rows(limit: int = 500) -> list[KeyLimit]:
+    """Every flow key limit (families and single keys), by name: the queues page's table."""
+    return list(KeyLimit.objects.order_by("name")[:limit])
 
 
 # --- throughput and failures ---------------------------------------------------

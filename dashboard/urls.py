@@ -11,7 +11,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from dashboard.login import ThrottledLoginView
-from dashboard.views import actions, jobs, metrics, operations, pages, schedules
+from dashboard.views import actions, jobs, keys, metrics, operations, pages, schedules
 
 app_name = "dashboard"
 
@@ -59,4 +59,6 @@ urlpatterns = [
     path("dashboard/queues/cap/", actions.set_cap, name="cap"),
     path("dashboard/queues/rate/", actions.set_rate_limit, name="rate-limit"),
     path("dashboard/queues/retention/", actions.set_retention, name="retention"),
+    path("dashboard/queues/keys/", keys.set_key_limits, name="key-limits"),
+    path("dashboard/queues/keys/remove/", keys.delete_key_limits, name="key-limits-remove"),
 ]

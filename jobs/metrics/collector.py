@@ -7,7 +7,8 @@ bound on the work: job counts by queue and state stop at ``COUNT_CAP`` rows
 ready job is one index probe per priority in use, and queue names come from
 a loose index scan. Labels are queue, operation, state and schedule names:
 never a job id. At most ``MAX_SERIES_ROWS`` queues, (queue, operation) pairs
-and schedules are exported.
+and schedules are exported. Flow keys are exported by family, never by key
+(``held_back_keys``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from jobs.models import (
 )
 from jobs.replica import read_connection
 from jobs.selectors.counts import planner_estimate
+from jobs.selectors.flow_keys import held_back_by_family
 from jobs.states import QUEUED, Status
 
 PREFIX = "controlplane"
@@ -74,6 +76,7 @@ class DatabaseCollector:
         yield workers_alive(names, now)
         yield batch_messages(names, now)
         yield schedule_lag(now)
+        yield from held_back_keys()
         yield from rollup_totals()
         yield rollup_age(now)
 
@@ -258,6 +261,35 @@ def schedule_lag(now: datetime) -> GaugeMetricFamily:
         lag = (now - next_fire_at).total_seconds() if next_fire_at is not None else 0.0
         family.add_metric([name], round(max(lag, 0.0), 3))
     return family
+
+
+def held_back_keys() -> Iterator[GaugeMetricFamily]:
+    """Ready jobs flow keys hold back, and the keys holding them, per queue and key *family*.
+
+    By family (``account`` for ``account:42``), never by key: a family is
+    named in code or by an operator, a key by each tenant, so the series stay
+    as few as the families whatever the tenants do. Which keys they are is the
+    queues page's (``jobs.selectors.flow_keys.held_back``).
+    """
+    jobs = GaugeMetricFamily(
+        f"{PREFIX}_key_held_back_jobs",
+        "Ready jobs of the queue held back by a flow key of the family at its concurrency "
+        "limit or out of tokens (a job held by keys of two families counts in each; the "
+        "scan stops at COUNT_CAP jobs per queue).",
+        labels=["queue", "family"],
+    )
+    keys = GaugeMetricFamily(
+        f"{PREFIX}_keys_at_limit",
+        "Flow keys of the family at their concurrency limit or out of tokens that hold back "
+        "ready jobs of the queue.",
+        labels=["queue", "family"],
+    )
+    found = held_back_by_family()
+    for (queue, family), (held, count) in sorted(found.items())[:MAX_SERIES_ROWS]:
+        jobs.add_metric([queue, family], held)
+        keys.add_metric([queue, family], count)
+    yield jobs
+    yield keys
 
 
 # --- from the rollup ----------------------------------------------------------------
