@@ -23,6 +23,7 @@ from rest_framework.fields import SkipField
 from rest_framework.relations import PKOnlyObject
 from rest_framework.settings import api_settings
 
+from jobs.flow_keys import MAX_KEYS
 from jobs.models import Job, JobEvent
 from jobs.retry_policy import OVERRIDE_FIELDS, STRATEGIES
 from jobs.selectors import STATES
@@ -59,6 +60,27 @@ assert tuple(StateCountsSerializer().fields) == STATES
 # --- jobs ------------------------------------------------------------------------
 
 
+class FlowKeysField(serializers.ListField):
+    """A job's flow keys (``Job.flow_keys``): ``[]`` for a job without any, never null.
+
+    It reads the whole row (``source="*"``) because the column holds null for
+    an unkeyed job; ``JobSerializer.sql_sources`` spells the same in SQL.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(child=serializers.CharField(), source="*", read_only=True, **kwargs)
+
+    def to_representation(self, job: Any) -> list[str]:
+        return list(job.flow_keys or [])
+
+
+class EmptyListWhenNull(Func):
+    """``COALESCE(column, '[]'::jsonb)``: a JSON column's null read as an empty list."""
+
+    template = "COALESCE(%(expressions)s, '[]'::jsonb)"
+    output_field = models.JSONField()
+
+
 class JobSerializer(serializers.ModelSerializer):
     """Job JSON as the README lists it, plus ``expires_at``, the unique key and the timeout."""
 
@@ -82,13 +104,23 @@ class JobSerializer(serializers.ModelSerializer):
         allow_null=True,
         help_text="The job's own retry override given at enqueue (over its operation's), or null.",
     )
+    keys = FlowKeysField(
+        help_text="The job's flow keys (its operation's, then the enqueue's), or [] for none."
+    )
+    priority_aged = serializers.IntegerField(
+        read_only=True,
+        help_text="How much priority aging (PRIORITY_AGING_SECONDS) added to 'priority' while "
+        "the job waited; 0 when none.",
+    )
 
-    # The model's properties among the fields, as SQL (``sql_document``).
+    # The model's properties among the fields, and fields that read the whole row, as SQL
+    # (``sql_document``).
     sql_sources = {
         "idempotency_key": Case(
             When(unique_while=UniqueWhile.UNTIL_RETENTION.value, then=F("unique_key")),
             default=None,
         ),
+        "keys": EmptyListWhenNull(F("flow_keys")),
     }
 
     class Meta:
@@ -122,6 +154,8 @@ class JobSerializer(serializers.ModelSerializer):
             "schedule",
             "retry_policy",
             "retry_laters",
+            "keys",
+            "priority_aged",
         ]
         read_only_fields = fields
 
@@ -224,6 +258,27 @@ class EnqueueSerializer(StrictSerializer):
         f"{', '.join(OVERRIDE_FIELDS)} (strategy: {', '.join(STRATEGIES)}; jitter a fraction "
         "from 0 to 1). Which exceptions retry is the operation's, in code.",
     )
+    keys = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text=f"Flow keys added to the operation's own: a list of at most {MAX_KEYS} "
+        'strings such as ["account:42", "api:7"], or templates filled from the payload '
+        '("account:{account_id}"). Keys limit how many of their jobs run at once and how '
+        "fast they start (GET /keys), and take turns in their queue.",
+    )
+
+    def validate_keys(self, value: Any) -> Any:
+        """Only the shape is checked here (the rules are in ``jobs.flow_keys``): a JSON list,
+        not an object read as its names; thousands of wrong items are one message."""
+        if value is not None and not isinstance(value, list):
+            raise serializers.ValidationError(
+                'keys must be a list of keys, such as ["account:42"].'
+            )
+        if value is not None and len(value) > MAX_KEYS:
+            raise serializers.ValidationError(
+                f"keys may list at most {MAX_KEYS} keys (it lists {len(value)})."
+            )
+        return value
 
     def validate_payload(self, value: Any) -> Any:
         """Refuse what no database stores, and nesting past ``MAX_DEPTH`` (the walk is a loop:
@@ -761,7 +816,7 @@ def _document(serializer_class: type[serializers.Serializer]) -> Func | None:
     parts: list[Any] = []
     for kind, name, attr, how in plan:
         field = how if kind in (_FIELD, _DATETIME) else shared.fields[name]
-        expression = _sql_value(kind, field, columns.get(attr), sources.get(attr))
+        expression = _sql_value(kind, field, columns.get(attr), sources.get(attr or name))
         if expression is None:
             return None
         parts += [Value(name), expression]
@@ -770,8 +825,8 @@ def _document(serializer_class: type[serializers.Serializer]) -> Func | None:
 
 def _sql_value(kind: str, field: serializers.Field, column: Any, source: Any) -> Any:
     """The SQL for one field of the plan, or None when there is none."""
-    if source is not None:  # a property, as the serializer spells it in SQL
-        return source if type(field) is serializers.CharField else None
+    if source is not None:  # a property or a whole-row field, as the serializer spells it in SQL
+        return source if type(field) is serializers.CharField or field.source == "*" else None
     if column is None:
         return None
     ref = F(column.attname)

@@ -5,9 +5,10 @@ come first, and ``/jobs/cancel`` and ``/jobs/retry`` (bulk) come before
 ``/jobs/<id>``, which only ever matches one path segment.
 """
 
-from django.urls import include, path
+from django.urls import include, path, re_path
 
 from django_controlplane.api import (
+    key_views,
     log_views,
     operation_views,
     queue_views,
@@ -40,6 +41,11 @@ urlpatterns = [
     *both("queues/<str:name>", queue_views.QueueDetailView.as_view(), "queue-detail"),
     *both("queues/<str:name>/pause", queue_views.QueuePauseView.as_view(), "queue-pause"),
     *both("queues/<str:name>/resume", queue_views.QueueResumeView.as_view(), "queue-resume"),
+    *both("keys", key_views.KeyLimitListView.as_view(), "key-list"),
+    # A key name may hold '/' and any other character (not ``<str:…>``, nor ``<path:…>``,
+    # whose '.' stops at a line break): one pattern serves both spellings, and the view
+    # drops the trailing slash.
+    re_path(r"^keys/(?P<name>[\s\S]+)$", key_views.KeyLimitDetailView.as_view(), name="key-detail"),
     *both("operations", operation_views.OperationListView.as_view(), "operation-list"),
     *both("schedules", schedule_views.ScheduleListView.as_view(), "schedule-list"),
     *both(

@@ -39,6 +39,14 @@ class Command(BaseCommand):
             help="this job's retry override, a JSON object: backoff_seconds, "
             "backoff_max_seconds, jitter, strategy, max_retry_later, retry_later_max_seconds",
         )
+        parser.add_argument(
+            "--key",
+            action="append",
+            dest="keys",
+            metavar="KEY",
+            help="a flow key added to the operation's own, such as account:42 or a template "
+            "filled from the payload, account:{account_id} (repeatable)",
+        )
 
     def handle(self, *args, **o) -> None:
         try:
@@ -70,6 +78,7 @@ class Command(BaseCommand):
                 unique_while=o["unique_while"],
                 timeout_seconds=o["timeout_seconds"],
                 retry=retry,
+                keys=o["keys"],
             )
         except EnqueueError as error:
             details = "; ".join(f"{k}: {' '.join(v)}" for k, v in error.errors.items())
