@@ -148,7 +148,7 @@ def job_keys(
     errors: list[str] = []
     templates: list[str] = [k.template for k in declared]
     if given is not None:
-        if isinstance(given, str | bytes) or not isinstance(given, Iterable):
+        if not isinstance(given, list | tuple):
             return [], ['keys must be a list of keys, such as ["account:42"].']
         for item in given:
             templates.append(item.template if isinstance(item, Key) else item)

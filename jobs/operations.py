@@ -164,7 +164,8 @@ class Operation:
     schedule: ClassVar[str | dict[str, Any] | None] = None
     # Flow keys (jobs.flow_keys): ``Key`` objects or templates filled from each payload,
     # such as ``Key("account:{account_id}", concurrency=2)``.
-    keys: ClassVar[tuple[Key | str, ...]] = ()
+    # (Not a ClassVar: registering checks them into ``Key`` objects on the instance.)
+    keys: tuple[Key | str, ...] = ()
 
     def execute(self, ctx: JobContext, payload: dict[str, Any]) -> Any:
         raise NotImplementedError

@@ -41,7 +41,16 @@ from jobs.selectors import InvalidFilter
 logger = logging.getLogger("django_controlplane.api")
 
 # First path segments served by the REST API (with or without a trailing slash).
-API_PREFIXES = ("jobs", "queues", "workers", "operations", "schedules", "schema", "metrics")
+API_PREFIXES = (
+    "jobs",
+    "queues",
+    "keys",
+    "workers",
+    "operations",
+    "schedules",
+    "schema",
+    "metrics",
+)
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:

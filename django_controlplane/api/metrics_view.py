@@ -98,7 +98,8 @@ class MetricsView(ApiView):
             "Jobs by queue and state, oldest ready job per queue, workers alive, batch "
             "messages, schedule lag, and per queue and operation the started, succeeded, "
             "failed, retried and cancelled totals, lease expiries, reaper rescues and "
-            "wait and run time histograms (docs/observability.md). Also accepts "
+            "wait and run time histograms, and flow keys' held-back jobs and keys at their "
+            "limit by queue and key family (docs/observability.md). Also accepts "
             "'Authorization: Bearer <METRICS_TOKEN>'."
         ),
         responses={

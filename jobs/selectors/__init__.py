@@ -15,6 +15,11 @@ every page and endpoint reads the same way and stays on an index:
   the job's last seq in the same statement (the polled ``/events`` endpoint).
 - ``queue_stats()`` / ``queue_detail(name)`` and ``worker_list()`` /
   ``worker_detail(id)``: the operator overviews.
+- ``jobs.selectors.flow_keys``: which flow keys hold jobs back
+  (``held_back``), why one queued job is not starting (``waiting_reason``),
+  and the ``/metrics`` view of both (``held_back_by_family``). Imported
+  from its module: it reads through ``jobs.replica``, which imports this
+  package.
 
 Filters come in as a ``JobFilters`` value; ``job_filters_from_query`` builds
 one from a query string or a JSON body and names the fields it refuses

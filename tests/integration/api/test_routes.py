@@ -9,6 +9,7 @@ without a row here fails it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,14 @@ def _schedule() -> str:
     return str(create_schedule({"operation": "ping", "every_seconds": 60}).pk)
 
 
+def _key_limit() -> str:
+    from jobs.operator_actions import set_key_limits
+
+    name = f"acct:{uuid.uuid4().hex[:8]}"
+    set_key_limits(name, {"concurrency": 1})
+    return f"/keys/{name}"
+
+
 ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
     ("job-list", "GET"): (lambda api: ("/jobs", None), 200),
     ("job-list", "POST"): (lambda api: ("/jobs", {"operation": "ping"}), 201),
@@ -53,6 +62,10 @@ ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
         200,
     ),
     ("queue-list", "GET"): (lambda api: ("/queues", None), 200),
+    ("key-list", "GET"): (lambda api: ("/keys", None), 200),
+    ("key-detail", "GET"): (lambda api: (_key_limit(), None), 200),
+    ("key-detail", "PATCH"): (lambda api: ("/keys/account:42", {"concurrency": 2}), 200),
+    ("key-detail", "DELETE"): (lambda api: (_key_limit(), None), 204),
     ("queue-detail", "GET"): (lambda api: ("/queues/default", None), 200),
     ("queue-detail", "PATCH"): (lambda api: ("/queues/default", {"concurrency_cap": 2}), 200),
     ("queue-pause", "POST"): (lambda api: ("/queues/default/pause", None), 200),
