@@ -1,0 +1,226 @@
+"""Flow control by key under real concurrency: several ``runworker`` processes, ``kill -9``,
+a reaper, a rate-limited key and a key's backlog, judged from the jobs' events alone.
+
+On PostgreSQL and SQLite (one machine, the same semantics).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from jobs import events
+from jobs.enqueue import JobSpec, enqueue, enqueue_many
+from jobs.models import Job, JobEvent, Worker
+from jobs.operator_actions import set_key_limits
+from tests.conftest import wait_for
+from tests.integration.flow_keys.conftest import max_overlap_by_key, runs_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ACCOUNTS = 4
+ACCOUNT_LIMIT = 2
+API_LIMIT = 3
+JOBS = 160
+
+
+def started_count(queue: str) -> int:
+    return JobEvent.objects.filter(event=events.JOB_STARTED, job__queue=queue).count()
+
+
+def succeeded_count(queue: str) -> int:
+    return JobEvent.objects.filter(event=events.JOB_SUCCEEDED, job__queue=queue).count()
+
+
+def busiest_worker_pid(queue: str) -> int | None:
+    """The pid of the worker holding the most of the queue's running jobs now."""
+    running = Counter(
+        Job.objects.filter(queue=queue, status="running").values_list("worker_id", flat=True)
+    )
+    if not running:
+        return None
+    busiest = running.most_common(1)[0][0]
+    return Worker.objects.filter(pk=busiest).values_list("pid", flat=True).first()
+
+
+def test_keyed_limits_hold_across_workers_through_a_kill_9(worker, start_process):
+    """Three workers of 4 slots each serve 160 short jobs of 4 accounts (2 at once each), a
+    third of them also under a shared API key (3 at once); one worker is killed mid-run.
+
+    The dead worker's jobs hold their keys' slots until the reaper rescues them, so at no
+    instant do more than the limit of one key's runs overlap, killed runs included, and
+    every job succeeds exactly once.
+    """
+    queue = f"keyed-kill-{uuid.uuid4().hex[:6]}"
+    set_key_limits("acct", {"concurrency": ACCOUNT_LIMIT})
+    set_key_limits("api", {"concurrency": API_LIMIT})
+    rng = random.Random(30)
+    specs = []
+    for n in range(JOBS):
+        keys = [f"acct:{n % ACCOUNTS}"] + (["api:shared"] if n % 3 == 0 else [])
+        seconds = round(rng.uniform(0.05, 0.2), 3)
+        specs.append(
+            JobSpec("sleep", {"seconds": seconds, "emit_every": 1}, queue=queue, keys=keys)
+        )
+    ids = [job.pk for job in enqueue_many(specs)]
+
+    procs = [worker(queue, args=("--concurrency", "4")) for _ in range(3)]
+    reaper = start_process("reaper", "--interval", "0.2")
+    # Mid-run, kill -9 the worker holding the most running jobs.
+    wait_for(lambda: succeeded_count(queue) >= 20, timeout=30, message="the run under way")
+    victim_pid = wait_for(lambda: busiest_worker_pid(queue), timeout=30, message="a busy worker")
+    victim = next(proc for proc in procs if proc.pid == victim_pid)
+    victim.signal(signal.SIGKILL)
+    victim.popen.wait(timeout=10)
+    wait_for(
+        lambda: succeeded_count(queue) >= JOBS,
+        timeout=30,
+        message="every job succeeded",
+    )
+    for proc in procs:
+        assert proc is victim or proc.popen.poll() is None, proc.output()
+
+    succeeded = Counter(
+        JobEvent.objects.filter(job_id__in=ids, event=events.JOB_SUCCEEDED).values_list(
+            "job_id", flat=True
+        )
+    )
+    assert set(succeeded) == set(ids)  # none lost
+    assert set(succeeded.values()) == {1}  # none succeeded twice
+    assert set(Job.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"succeeded"}
+
+    runs = runs_of(ids)
+    assert all(run.ended is not None for run in runs)
+    rescued = [run for run in runs if run.end_event == events.JOB_LEASE_EXPIRED_REQUEUE]
+    assert rescued, "the killed worker's jobs were rescued"
+    assert len(runs) == JOBS + len(rescued)  # a second run only after a rescue
+    overlap = max_overlap_by_key(runs)
+    held = max((run.ended - run.started).total_seconds() for run in rescued)
+    print(
+        f"max overlap by key: {dict(sorted(overlap.items()))}; runs: {len(runs)}; "
+        f"rescued: {len(rescued)}, a killed run held its keys up to {held:.1f} s"
+    )
+    for n in range(ACCOUNTS):
+        assert overlap[f"acct:{n}"] <= ACCOUNT_LIMIT, overlap
+    assert overlap["api:shared"] <= API_LIMIT, overlap
+    # The limits were reached, not merely never approached: 8 of 12 slots at most.
+    assert max(overlap[f"acct:{n}"] for n in range(ACCOUNTS)) == ACCOUNT_LIMIT, overlap
+    reaper.signal(signal.SIGTERM)
+    assert reaper.wait(timeout=10) == 0, reaper.output()
+
+
+RATE = 5.0
+WINDOW_SECONDS = 10.0
+
+
+def test_a_rate_limited_key_starts_its_rate_across_two_workers(worker):
+    """A key limited to 5 a second (burst 5), a backlog growing faster than that, two workers:
+    over 10 s after the first burst the key starts within 10% of 50 jobs."""
+    queue = f"keyed-rate-{uuid.uuid4().hex[:6]}"
+    set_key_limits("api", {"rate": RATE, "burst": RATE})
+    specs = [JobSpec("ping", queue=queue, keys=["api:7"]) for _ in range(60)]
+    enqueue_many(specs)
+    procs = [worker(queue, args=("--concurrency", "4")) for _ in range(2)]
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def feed() -> None:  # twice the rate: the bucket, not the work, sets the pace
+        try:
+            while not stop.is_set():
+                enqueue("ping", queue=queue, keys=["api:7"])
+                stop.wait(0.1)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+        finally:
+            connection.close()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        wait_for(
+            lambda: started_count(queue) >= RATE,
+            timeout=30,
+            message="the first burst",
+        )
+        window_start = timezone.now()
+        time.sleep(WINDOW_SECONDS)
+        window_end = timezone.now()
+    finally:
+        stop.set()
+        feeder.join(timeout=10)
+    assert not errors, errors
+    for proc in procs:
+        assert proc.popen.poll() is None, proc.output()
+
+    started = list(
+        JobEvent.objects.filter(
+            event=events.JOB_STARTED, job__queue=queue, ts__gte=window_start, ts__lt=window_end
+        ).values_list("fields", flat=True)
+    )
+    expected = RATE * (window_end - window_start).total_seconds()
+    print(f"starts in the window: {len(started)}, expected {expected:.1f}")
+    assert abs(len(started) - expected) <= 0.1 * expected, (len(started), expected)
+    assert Job.objects.filter(queue=queue, status="queued").count() > 10  # the backlog stayed
+    assert len({fields["worker"] for fields in started}) == 2  # the key's, not each worker's
+
+
+BIG, SMALL = 2000, 20
+
+
+def starts_of(queue: str) -> list[tuple[object, object]]:
+    """``(job id, ts)`` of the queue's starts, in the order they happened."""
+    return list(
+        JobEvent.objects.filter(event=events.JOB_STARTED, job__queue=queue)
+        .order_by("ts", "id")
+        .values_list("job_id", "ts")
+    )
+
+
+def keyed(queue: str, key: str, n: int) -> list[JobSpec]:
+    return [JobSpec("ping", queue=queue, keys=[key]) for _ in range(n)]
+
+
+def all_started(job_ids: set) -> bool:
+    started = JobEvent.objects.filter(event=events.JOB_STARTED, job_id__in=job_ids)
+    return started.count() >= len(job_ids)
+
+
+def test_a_later_key_is_not_stuck_behind_a_big_backlog(worker):
+    """2,000 jobs of key A, then 20 of key B in the same queue, then two workers: B's last
+    job starts before A's 100th (round-robin turns). Later, with A's backlog draining, 20
+    jobs of key C start within 100 of A's starts too."""
+    queue = f"keyed-fair-{uuid.uuid4().hex[:6]}"
+    nap = {"seconds": 0.005, "emit_every": 1}
+    enqueue_many([JobSpec("sleep", nap, queue=queue, keys=["t:A"]) for _ in range(BIG)])
+    b_ids = {j.pk for j in enqueue_many(keyed(queue, "t:B", SMALL))}
+    for _ in range(2):
+        worker(queue, args=("--concurrency", "4"))
+    wait_for(lambda: all_started(b_ids), timeout=30, message="every B job started")
+    starts = starts_of(queue)
+    last_b = max(ts for job_id, ts in starts if job_id in b_ids)
+    a_before_b = sum(1 for job_id, ts in starts if job_id not in b_ids and ts <= last_b)
+
+    wait_for(lambda: len(starts_of(queue)) >= 300, timeout=30, message="A draining on")
+    c_enqueued = timezone.now()
+    c_ids = {j.pk for j in enqueue_many(keyed(queue, "t:C", SMALL))}
+    wait_for(lambda: all_started(c_ids), timeout=30, message="every C job started")
+    starts = starts_of(queue)
+    last_c = max(ts for job_id, ts in starts if job_id in c_ids)
+    a_meanwhile = sum(
+        1 for job_id, ts in starts if job_id not in b_ids | c_ids and c_enqueued <= ts <= last_c
+    )
+    print(
+        f"A starts before B's last: {a_before_b}; after C's enqueue, before its last: {a_meanwhile}"
+    )
+    assert a_before_b < 100, a_before_b
+    assert a_meanwhile < 100, a_meanwhile
+    assert Job.objects.filter(queue=queue, status="queued").count() > 100  # A still waiting
