@@ -7,6 +7,7 @@ On PostgreSQL and SQLite.
 from __future__ import annotations
 
 import random
+import signal
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from jobs import events
 from jobs.enqueue import JobSpec, enqueue, enqueue_many
 from jobs.models import Job, JobEvent
 from jobs.operator_actions import set_key_limits
+from tests.conftest import wait_for
 from tests.integration.flow_keys.conftest import max_overlap_by_key, runs_of
 from tests.integration.remote.helpers import ECHO, register
 
@@ -196,3 +198,89 @@ def test_concurrent_remote_claims_never_run_two_jobs_of_a_key_of_one(remote_api,
     print(f"solo:1 at most {overlap['solo:1']} at once; served by worker: {dict(served)}")
     assert overlap["solo:1"] == 1, overlap
     assert len(served) == 2, served  # both workers took part
+
+
+def test_a_holder_that_disconnects_or_goes_silent_frees_the_key_for_the_other(
+    remote_api, queue, start_process
+):
+    """The key's slot comes back when its holder leaves (``DELETE /workers/<id>``: the job
+    is requeued) or falls silent (the reaper rescues its job): the other worker gets it."""
+    set_key_limits("solo", {"concurrency": 1})
+    leaving, silent, staying = (register_on(remote_api, queue, concurrency=4) for _ in range(3))
+    enqueue_many(
+        [JobSpec(OPERATION, {"text": str(n)}, keys=["solo:1"], queue=queue) for n in range(2)]
+    )
+    held = claim(remote_api, leaving, limit=4)
+    assert len(held) == 1 and claim(remote_api, staying, limit=4) == []
+    assert remote_api.delete(f"/workers/{leaving['id']}").status_code in (200, 204)
+    again = claim(remote_api, staying, limit=4)
+    assert [job["id"] for job in again] == [held[0]["id"]]  # the same job, requeued
+    complete(remote_api, again[0])
+
+    held = claim(remote_api, silent, limit=4)
+    assert len(held) == 1 and claim(remote_api, staying, limit=4) == []
+    reaper = start_process("reaper", "--interval", "0.2")
+    got: list[dict] = []
+
+    def staying_gets_it() -> bool:
+        # Only the staying worker heartbeats: the silent one's heartbeat ages.
+        beat = remote_api.patch(f"/workers/{staying['id']}", json={})
+        assert beat.status_code == 200, beat.text
+        got.extend(claim(remote_api, staying, limit=4))
+        return bool(got)
+
+    wait_for(staying_gets_it, timeout=20, interval=0.2, message="the silent holder's job rescued")
+    assert [job["id"] for job in got] == [held[0]["id"]]
+    stale = remote_api.post(
+        f"/jobs/{held[0]['id']}/complete", json={"lease_token": held[0]["lease_token"]}
+    )
+    assert stale.status_code == 409  # the silent holder lost it: fenced off
+    complete(remote_api, got[0])
+    runs = runs_of([job["id"] for job in got])
+    assert [run.end_event for run in runs].count(events.JOB_LEASE_EXPIRED_REQUEUE) == 1
+    reaper.signal(signal.SIGTERM)
+    assert reaper.wait(timeout=10) == 0, reaper.output()
+
+
+LOCAL_JOBS = REMOTE_JOBS = 15
+
+
+def test_a_local_and_a_remote_worker_share_one_key(remote_api, queue, worker):
+    """One key of concurrency 1 over a ``runworker`` process (the key's ``sleep`` jobs) and a
+    remote worker (its ``remote.echo`` jobs): one run of the key at a time across both."""
+    set_key_limits("solo", {"concurrency": 1})
+    remote = register_on(remote_api, queue, concurrency=4)
+    nap = {"seconds": 0.03, "emit_every": 1}
+    specs = [JobSpec("sleep", nap, queue=queue, keys=["solo:1"]) for _ in range(LOCAL_JOBS)]
+    specs += [
+        JobSpec(OPERATION, {"text": str(n)}, queue=queue, keys=["solo:1"])
+        for n in range(REMOTE_JOBS)
+    ]
+    ids = [job.pk for job in enqueue_many(specs)]
+    local = worker(queue, args=("--concurrency", "4"))
+    deadline = time.monotonic() + 30
+    remote_runs = 0
+    while time.monotonic() < deadline and remote_runs < REMOTE_JOBS:
+        for job in claim(remote_api, remote, limit=4, wait=1):
+            time.sleep(0.03)
+            complete(remote_api, job)
+            remote_runs += 1
+    wait_for(
+        lambda: (
+            JobEvent.objects.filter(job_id__in=ids, event=events.JOB_SUCCEEDED).count() >= len(ids)
+        ),
+        timeout=30,
+        message="every job succeeded",
+    )
+    assert local.popen.poll() is None, local.output()
+    runs = runs_of(ids)
+    assert len(runs) == len(ids)
+    overlap = max_overlap_by_key(runs)
+    by_worker = Counter(
+        JobEvent.objects.filter(job_id__in=ids, event=events.JOB_STARTED).values_list(
+            "fields__worker", flat=True
+        )
+    )
+    print(f"local and remote: solo:1 at most {overlap['solo:1']} at once; {dict(by_worker)}")
+    assert overlap["solo:1"] == 1, overlap
+    assert len(by_worker) == 2, by_worker
