@@ -224,3 +224,43 @@ def test_a_later_key_is_not_stuck_behind_a_big_backlog(worker):
     assert a_before_b < 100, a_before_b
     assert a_meanwhile < 100, a_meanwhile
     assert Job.objects.filter(queue=queue, status="queued").count() > 100  # A still waiting
+
+
+# More keys at their limit than a claim's window holds: jobs.keyed_claims.window_size, at
+# most 4 x the claim's limit (here 10 free slots: 40 turns). With 30 the test passes.
+BUSY_KEYS = 70
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Head-of-line blocking in jobs.keyed_claims: the claim reads only the queue's "
+    "first window_size(limit) turns (at most 4 x its limit: 40 for 10 free slots). When more "
+    "keys than that are at their limit and hold the earliest turns, a key with room further "
+    "back is never in the window: the claim starts nothing, with slots idle, until enough "
+    "of those keys' runs end (here 20 s).",
+)
+def test_a_key_with_room_starts_while_many_keys_wait_at_their_limit(worker):
+    """70 keys of concurrency 1 each run a long job and have one more waiting; a new key's
+    job then starts at once on the worker's free slots, not when the long jobs end."""
+    queue = f"keyed-busy-{uuid.uuid4().hex[:6]}"
+    set_key_limits("busy", {"concurrency": 1})
+    long_nap = {"seconds": 20, "emit_every": 10}
+    enqueue_many(
+        [
+            JobSpec("sleep", long_nap, queue=queue, keys=[f"busy:{n}"])
+            for n in range(BUSY_KEYS)
+            for _ in range(2)
+        ]
+    )
+    worker(queue, args=("--concurrency", str(BUSY_KEYS + 10)))
+    wait_for(
+        lambda: Job.objects.filter(queue=queue, status="running").count() == BUSY_KEYS,
+        timeout=30,
+        message="one job of each busy key running",
+    )
+    newcomer = enqueue("ping", queue=queue, keys=["fresh:1"])
+    wait_for(
+        lambda: Job.objects.filter(pk=newcomer.pk, status="succeeded").exists(),
+        timeout=5,
+        message="the new key's job, with 10 slots free",
+    )
