@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -115,6 +116,40 @@ def test_keyed_limits_hold_across_workers_through_a_kill_9(worker, start_process
     assert max(overlap[f"acct:{n}"] for n in range(ACCOUNTS)) == ACCOUNT_LIMIT, overlap
     reaper.signal(signal.SIGTERM)
     assert reaper.wait(timeout=10) == 0, reaper.output()
+
+
+def test_a_limit_lowered_at_run_time_holds_for_every_later_start(worker):
+    """An operator lowers a key's concurrency from 3 to 1 while two workers run its jobs:
+    the runs already going finish, and no start after the change has company."""
+    queue = f"keyed-change-{uuid.uuid4().hex[:6]}"
+    set_key_limits("acct", {"concurrency": 3})
+    nap = {"seconds": 0.1, "emit_every": 1}
+    ids = [
+        j.pk
+        for j in enqueue_many(
+            [JobSpec("sleep", nap, queue=queue, keys=["acct:1"]) for _ in range(40)]
+        )
+    ]
+    for _ in range(2):
+        worker(queue, args=("--concurrency", "4"))
+    wait_for(lambda: succeeded_count(queue) >= 10, timeout=30, message="the run under way")
+    set_key_limits("acct", {"concurrency": 1})  # workers read limits at each claim here
+    # A claim that read the limits just before the change may still start under them.
+    changed = timezone.now() + timedelta(seconds=0.25)
+    wait_for(lambda: succeeded_count(queue) >= len(ids), timeout=30, message="every job")
+    runs = runs_of(ids)
+    before = max_overlap_by_key([r for r in runs if r.started < changed])
+    later = [r for r in runs if r.started > changed]
+    company = max(
+        sum(1 for other in runs if other.started <= run.started < (other.ended or run.started))
+        for run in later
+    )
+    print(
+        f"at most {before['acct:1']} at once before the change; a later start had "
+        f"{company} run(s) going, itself included"
+    )
+    assert before["acct:1"] == 3
+    assert company == 1, company
 
 
 RATE = 5.0
