@@ -86,6 +86,7 @@ class Relay:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._seen: dict[str, tuple[int, datetime | None]] = {}
+        self._running_seen: dict[str, int] = {}  # SQLite: running jobs per queue at the last look
         self._started = False
 
     # --- parked claims ------------------------------------------------------
@@ -235,7 +236,8 @@ class Relay:
             time.sleep(min(float(knob("POLL_SECONDS")), RELAY_POLL_MAX_SECONDS))
 
     def poll_once(self) -> set[str]:
-        """SQLite: signal queues whose claimable count or newest ``run_after`` grew."""
+        """SQLite: signal queues whose claimable count or newest ``run_after`` grew, or
+        whose running jobs fell while jobs wait (a key's or a cap's slot came free)."""
         from django.db.models import Count, Max
 
         from jobs.models import Job
@@ -250,14 +252,26 @@ class Relay:
             .order_by()
         )
         rows = list(rows)
+        running = dict(
+            Job.objects.filter(status="running", queue__in=[r["queue"] for r in rows])
+            .values("queue")
+            .annotate(n=Count("id"))
+            .order_by()
+            .values_list("queue", "n")
+        )
         grown = set()
         for row in rows:
-            before_n, before_newest = self._seen.get(row["queue"], (0, None))
+            queue = row["queue"]
+            before_n, before_newest = self._seen.get(queue, (0, None))
             if row["n"] > before_n or (before_newest is None or row["newest"] > before_newest):
-                grown.add(row["queue"])
-            self._seen[row["queue"]] = (row["n"], row["newest"])
+                grown.add(queue)
+            if running.get(queue, 0) < self._running_seen.get(queue, 0):
+                grown.add(queue)
+            self._seen[queue] = (row["n"], row["newest"])
+            self._running_seen[queue] = running.get(queue, 0)
         for queue in set(self._seen) - {r["queue"] for r in rows}:
             self._seen.pop(queue)
+            self._running_seen.pop(queue, None)
         self.publish(grown)
         return grown
 
