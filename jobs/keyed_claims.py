@@ -11,7 +11,8 @@ One transaction per claim, on one queue:
 2. **Keys.** The limited keys those jobs carry (``jobs.key_limits``) are
    locked, ``FOR UPDATE SKIP LOCKED`` on their ``FlowKey`` rows (made on
    first use). A key another claimer holds is skipped this round: nobody
-   waits on a key, so claimers never deadlock on them.
+   waits on a key, so claimers never deadlock on them. (PostgreSQL: in the
+   window's statement, after its jobs: one round trip for steps 1 and 2.)
 3. **Counts.** The running jobs of those keys, counted by a *new* statement
    after the locks: its snapshot sees every claim that held a key before
    us, so two claimers can never both see room for the same last slot.
@@ -153,20 +154,24 @@ def claim_keyed(
                 return KeyedClaim([])
         now = None if d.postgres else timezone.now()
         size = _windows.size(using, queue, limit)
-        lanes, full = _window(cursor, d, queue, size, now, operations, local_operations)
+        window = _window(cursor, d, queue, size, now, operations, local_operations, limits)
+        lanes, full = window.lanes, window.full
         if not lanes:
             _windows.learn(using, queue, short=full, filled=False)
             return KeyedClaim([])
-        limited = sorted(
-            {
-                k
-                for lane in lanes
-                for c in lane.best
-                for k in c.keys
-                if limits_for(k, limits).limited
-            }
-        )
-        held, db_now = _lock_keys(cursor, d, limited) if limited else ({}, None)
+        if window.held is not None:  # PostgreSQL: locked by the window's statement
+            held, db_now = window.held, window.now
+        else:
+            limited = sorted(
+                {
+                    k
+                    for lane in lanes
+                    for c in lane.best
+                    for k in c.keys
+                    if limits_for(k, limits).limited
+                }
+            )
+            held, db_now = _lock_keys(cursor, d, limited) if limited else ({}, None)
         running = _running(cursor, d, [k for k in held if limits_for(k, limits).concurrency])
         admission = _Admission(limits, held, running, db_now or now or timezone.now())
         admitted = admission.run(lanes, limit)
@@ -197,6 +202,20 @@ def claim_keyed(
 # --- 1. the window ------------------------------------------------------------------
 
 
+@dataclass
+class _Bucket:
+    tokens: float
+    refilled_at: datetime | None
+
+
+@dataclass
+class _Window:
+    lanes: list[_Lane]
+    full: bool  # ``size`` turns: a bigger window might find more
+    held: dict[str, _Bucket] | None = None  # PostgreSQL: the limited keys locked with it
+    now: datetime | None = None  # PostgreSQL: the statement's time
+
+
 def _window(
     cursor: Any,
     d: Any,
@@ -205,10 +224,15 @@ def _window(
     now: datetime | None,
     operations: Sequence[str] | None,
     local_operations: Collection[str] | None,
-) -> tuple[list[_Lane], bool]:
+    limits: dict[str, Limits],
+) -> _Window:
     """The window's lanes in turn order, each with its best jobs (locked on PostgreSQL).
 
-    Also whether the window was full (``size`` turns): a bigger one might find more.
+    PostgreSQL does step 2 in the same statement (one round trip less): the
+    limited keys of the locked jobs, their rows made on first use and locked
+    ``FOR UPDATE SKIP LOCKED`` after the jobs. Which keys are limited is
+    ``limits_for`` in SQL: a key's own row, else its family's (the text
+    before its first ``:``), on the claim's ``limits``.
     """
     now_sql, now_params = d.now(at=now)
     filters = [("queue = %s", [queue]), (f"run_after <= {now_sql}", now_params)]
@@ -217,29 +241,51 @@ def _window(
     where_params = [p for _, ps in filters for p in ps]
     lanes: dict[str, _Lane] = {}
     if d.postgres:
+        named = sorted(limits)
+        limited = sorted(name for name, lim in limits.items() if lim.limited)
         cursor.execute(
             f"WITH win AS (SELECT id, fair_key, fair_turn FROM {JOB_TABLE} WHERE {where} "
             "ORDER BY fair_turn LIMIT %s), "
-            "slots AS (SELECT fair_key, count(*) AS n, min(fair_turn) AS first FROM win "
-            "GROUP BY fair_key) "
-            "SELECT 0, w.fair_key, w.id, w.fair_turn, NULL::jsonb, 0 FROM win w "
-            "UNION ALL "
-            "SELECT 1, s.fair_key, c.id, c.fair_turn, c.flow_keys, c.priority FROM slots s "
+            "slots AS (SELECT fair_key, count(*) AS n FROM win GROUP BY fair_key), "
+            "best AS (SELECT s.fair_key, c.id, c.fair_turn, c.flow_keys, c.priority FROM slots s "
             f"CROSS JOIN LATERAL (SELECT id, fair_turn, flow_keys, priority FROM {JOB_TABLE} "
             f"WHERE {where} AND fair_key = s.fair_key "
-            "ORDER BY priority DESC, fair_turn LIMIT s.n FOR UPDATE SKIP LOCKED) c",
-            [*where_params, size, *where_params],
+            "ORDER BY priority DESC, fair_turn LIMIT s.n FOR UPDATE SKIP LOCKED) c), "
+            "wanted AS (SELECT DISTINCT k.key FROM best b "
+            "CROSS JOIN LATERAL jsonb_array_elements_text(b.flow_keys) AS k(key) "
+            "WHERE k.key = ANY(%s::text[]) OR (k.key <> ALL(%s::text[]) "
+            "AND split_part(k.key, ':', 1) = ANY(%s::text[]))), "
+            # Only keys without a row try the INSERT: a speculative insert that meets
+            # its conflict costs ~30 us a key.
+            f"made AS (INSERT INTO {FLOW_KEY_TABLE} (key, tokens, refilled_at, created_at) "
+            "SELECT w.key, 0, NULL, statement_timestamp() FROM wanted w "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {FLOW_KEY_TABLE} f WHERE f.key = w.key) "
+            "ON CONFLICT DO NOTHING RETURNING key, tokens, refilled_at), "
+            f"held AS (SELECT key, tokens, refilled_at FROM {FLOW_KEY_TABLE} "
+            "WHERE key IN (SELECT key FROM wanted) FOR UPDATE SKIP LOCKED) "
+            "SELECT 0, w.fair_key, w.id, w.fair_turn, NULL::jsonb, 0, NULL::float8, "
+            "NULL::timestamptz FROM win w "
+            "UNION ALL SELECT 1, b.fair_key, b.id, b.fair_turn, b.flow_keys, b.priority, "
+            "NULL, NULL FROM best b "
+            "UNION ALL SELECT 2, key, NULL, NULL, NULL, NULL, tokens, refilled_at FROM held "
+            "UNION ALL SELECT 2, key, NULL, NULL, NULL, NULL, tokens, refilled_at FROM made "
+            "UNION ALL SELECT 3, NULL, NULL, NULL, NULL, NULL, NULL, statement_timestamp()",
+            [*where_params, size, *where_params, limited, named, limited],
         )
         rows = cursor.fetchall()
-        for _kind, key, job_id, turn, _keys, _priority in sorted(
+        for _kind, key, job_id, turn, *_ in sorted(
             (r for r in rows if r[0] == 0), key=lambda r: r[3]
         ):
             lanes.setdefault(key, _Lane(key)).turns.append((job_id, turn))
         best = sorted((r for r in rows if r[0] == 1), key=lambda r: (-r[5], r[3]))
-        for _kind, key, job_id, turn, keys, _priority in best:
+        for _kind, key, job_id, turn, keys, *_ in best:
             lanes[key].best.append(_Candidate(job_id, d.read_json(keys), turn))
-        full = sum(len(lane.turns) for lane in lanes.values()) >= size
-        return [lane for lane in lanes.values() if lane.best], full
+        return _Window(
+            [lane for lane in lanes.values() if lane.best],
+            full=sum(len(lane.turns) for lane in lanes.values()) >= size,
+            held={r[1]: _Bucket(r[6], r[7]) for r in rows if r[0] == 2},
+            now=next(r[7] for r in rows if r[0] == 3),
+        )
     cursor.execute(
         f"SELECT id, fair_key, fair_turn FROM {JOB_TABLE} WHERE {where} "
         "ORDER BY fair_turn LIMIT %s",
@@ -255,40 +301,17 @@ def _window(
             [*where_params, lane.key, len(lane.turns)],
         )
         lane.best = [_Candidate(r[0], d.read_json(r[2]), r[1]) for r in cursor.fetchall()]
-    return list(lanes.values()), len(rows) >= size
+    return _Window(list(lanes.values()), full=len(rows) >= size)
 
 
 # --- 2. and 3. the keys and their counts ---------------------------------------------
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    refilled_at: datetime | None
+def _lock_keys(cursor: Any, d: Any, keys: list[str]) -> tuple[dict[str, _Bucket], None]:
+    """SQLite: make the keys' rows on first use (PostgreSQL locks them in ``_window``).
 
-
-def _lock_keys(cursor: Any, d: Any, keys: list[str]) -> tuple[dict[str, _Bucket], datetime | None]:
-    """Lock the keys' rows (made on first use); those another claimer holds are left out.
-
-    Returns each held key's bucket and the database's time (PostgreSQL).
+    Its IMMEDIATE transaction already keeps other claimers out: every key is held.
     """
-    if d.postgres:
-        cursor.execute(
-            # Only keys without a row try the INSERT: a speculative insert that meets
-            # its conflict costs ~30 us a key, most of this statement's time.
-            f"WITH made AS (INSERT INTO {FLOW_KEY_TABLE} (key, tokens, refilled_at, created_at) "
-            "SELECT k, 0, NULL, statement_timestamp() FROM unnest(%s::text[]) AS k "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {FLOW_KEY_TABLE} f WHERE f.key = k) "
-            "ON CONFLICT DO NOTHING RETURNING key, tokens, refilled_at), "
-            f"held AS (SELECT key, tokens, refilled_at FROM {FLOW_KEY_TABLE} "
-            "WHERE key = ANY(%s::text[]) FOR UPDATE SKIP LOCKED) "
-            "SELECT key, tokens, refilled_at, statement_timestamp() FROM held "
-            "UNION ALL SELECT key, tokens, refilled_at, statement_timestamp() FROM made",
-            [keys, keys],
-        )
-        rows = cursor.fetchall()
-        return {r[0]: _Bucket(r[1], r[2]) for r in rows}, (rows[0][3] if rows else None)
-    # SQLite: its IMMEDIATE transaction already keeps other claimers out.
     stamp = d.ts(timezone.now())
     cursor.executemany(
         f"INSERT INTO {FLOW_KEY_TABLE} (key, tokens, refilled_at, created_at) "
