@@ -85,14 +85,6 @@ def test_two_remote_workers_hold_one_job_of_a_key_at_a_time(remote_api, queue):
     assert sorted(k for keys in running for k in keys) == ["other:1", "solo:1"]
 
 
-@pytest.mark.xfail(
-    connection.vendor == "sqlite",
-    strict=True,
-    reason="SQLite: the relay (django_controlplane.remote.relay.Relay.poll_once) wakes parked "
-    "claims only when a queue's claimable count or newest run_after grows; a completion that "
-    "frees a key's slot changes neither, so the parked claim sleeps until its wait is up "
-    "(PostgreSQL wakes waiting queues every POLL_SECONDS).",
-)
 def test_a_parked_claim_gets_the_keys_next_job_when_the_holder_completes(remote_api, queue):
     """A claim parked while the key is at its limit gets the key's next job soon after the
     holder completes, not when its wait is up."""
