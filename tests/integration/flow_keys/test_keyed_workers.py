@@ -118,6 +118,46 @@ def test_keyed_limits_hold_across_workers_through_a_kill_9(worker, start_process
     assert reaper.wait(timeout=10) == 0, reaper.output()
 
 
+def test_jobs_requeued_by_a_sigterm_keep_their_keys_limits(worker):
+    """A worker stopped by SIGTERM with a short grace requeues its keyed jobs
+    (``job.requeued``); another worker runs them, within the keys' limits, each once."""
+    queue = f"keyed-term-{uuid.uuid4().hex[:6]}"
+    set_key_limits("acct", {"concurrency": 2})
+    nap = {"seconds": 1.5, "emit_every": 0.5}
+    ids = [
+        j.pk
+        for j in enqueue_many(
+            [JobSpec("sleep", nap, queue=queue, keys=[f"acct:{n % 2}"]) for n in range(8)]
+        )
+    ]
+    leaving = worker(
+        queue, args=("--concurrency", "4"), env={"CONTROLPLANE_SHUTDOWN_GRACE_SECONDS": "0.3"}
+    )
+    wait_for(
+        lambda: Job.objects.filter(queue=queue, status="running").count() == 4,
+        timeout=30,
+        message="four jobs running, two of each key",
+    )
+    staying = worker(queue, args=("--concurrency", "4"))
+    leaving.signal(signal.SIGTERM)
+    assert leaving.wait(timeout=20) == 143, leaving.output()
+    wait_for(lambda: succeeded_count(queue) >= len(ids), timeout=30, message="every job")
+    assert staying.popen.poll() is None, staying.output()
+    runs = runs_of(ids)
+    requeued = [r for r in runs if r.end_event == events.JOB_REQUEUED]
+    overlap = max_overlap_by_key(runs)
+    print(f"requeued by SIGTERM: {len(requeued)}; max overlap by key: {overlap}")
+    assert len(requeued) == 4
+    assert len(runs) == len(ids) + len(requeued)
+    assert overlap == {"acct:0": 2, "acct:1": 2}
+    succeeded = Counter(
+        JobEvent.objects.filter(job_id__in=ids, event=events.JOB_SUCCEEDED).values_list(
+            "job_id", flat=True
+        )
+    )
+    assert set(succeeded) == set(ids) and set(succeeded.values()) == {1}
+
+
 def test_a_limit_lowered_at_run_time_holds_for_every_later_start(worker):
     """An operator lowers a key's concurrency from 3 to 1 while two workers run its jobs:
     the runs already going finish, and no start after the change has company."""
