@@ -60,6 +60,13 @@ _EPSILON = 1e-9
 MAX_WINDOW = 1000
 MIN_WINDOW = 16
 MAX_WINDOW_FACTOR = 4
+# A claim that started fewer jobs than it may because keys were at their limit or
+# held by another claimer: try again after this long, doubling while claims keep
+# coming up short, up to MAX_SHORT_RETRY_SECONDS. Those keys free up when jobs end
+# on any worker, which wakes nobody here: without it, a worker left with no job
+# slept to its next poll (2 s gaps in a drain of 7 s, bench/flow_keys.py).
+SHORT_RETRY_SECONDS = 0.01
+MAX_SHORT_RETRY_SECONDS = 0.5
 
 
 class _WindowFactors:
@@ -78,6 +85,7 @@ class _WindowFactors:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._factors: dict[tuple[str, str], int] = {}
+        self._misses: dict[tuple[str, str], int] = {}  # short claims in a row
 
     def size(self, using: str, queue: str, limit: int) -> int:
         with self._lock:
@@ -93,6 +101,15 @@ class _WindowFactors:
                 factor = max(1, factor // 2)
             self._factors[(using, queue)] = factor
 
+    def retry_after_short(self, using: str, queue: str, *, held_back: bool) -> float | None:
+        """When to claim again after a claim that ``held_back`` jobs (keys full or held)."""
+        with self._lock:
+            misses = self._misses.get((using, queue), 0) + 1 if held_back else 0
+            self._misses[(using, queue)] = misses
+        if not misses:
+            return None
+        return min(MAX_SHORT_RETRY_SECONDS, SHORT_RETRY_SECONDS * 2 ** min(misses - 1, 16))
+
 
 _windows = _WindowFactors()
 
@@ -104,7 +121,11 @@ def window_size(limit: int, factor: int = MAX_WINDOW_FACTOR) -> int:
 
 @dataclass(frozen=True)
 class KeyedClaim:
-    """What a keyed claim started, and when a key's next token is due if one held a job back."""
+    """What a keyed claim started, and when to try again if a key held a job back.
+
+    ``retry_in``: a key's next token, or ``SHORT_RETRY_SECONDS`` (doubling)
+    when keys at their limit or held by another claimer kept jobs back.
+    """
 
     jobs: list[ClaimedJob]
     retry_in: float | None = None
@@ -158,7 +179,9 @@ def claim_keyed(
         lanes, full = window.lanes, window.full
         if not lanes:
             _windows.learn(using, queue, short=full, filled=False)
-            return KeyedClaim([])
+            # Turns without a job to give them to: another claimer holds those jobs.
+            retry = _windows.retry_after_short(using, queue, held_back=window.turns > 0)
+            return KeyedClaim([], retry)
         if window.held is not None:  # PostgreSQL: locked by the window's statement
             held, db_now = window.held, window.now
         else:
@@ -181,8 +204,14 @@ def claim_keyed(
             short=full and len(admitted) < limit,
             filled=len(admitted) >= limit,
         )
+        retry_in = admission.retry_in
+        short_retry = _windows.retry_after_short(
+            using, queue, held_back=admission.held_back and len(admitted) < limit
+        )
+        if short_retry is not None:
+            retry_in = short_retry if retry_in is None else min(retry_in, short_retry)
         if not admitted:
-            return KeyedClaim([], admission.retry_in)
+            return KeyedClaim([], retry_in)
         _spend_tokens(cursor, d, admission)
         _hand_over_turns(cursor, d, lanes, {c.id for c in admitted})
         ids = [c.id for c in admitted]
@@ -196,7 +225,7 @@ def claim_keyed(
             lease_seconds=lease_seconds,
             runner=runner,
         )
-    return KeyedClaim(jobs, admission.retry_in)
+    return KeyedClaim(jobs, retry_in)
 
 
 # --- 1. the window ------------------------------------------------------------------
@@ -212,6 +241,7 @@ class _Bucket:
 class _Window:
     lanes: list[_Lane]
     full: bool  # ``size`` turns: a bigger window might find more
+    turns: int  # turns in the window, with or without a job to give them to
     held: dict[str, _Bucket] | None = None  # PostgreSQL: the limited keys locked with it
     now: datetime | None = None  # PostgreSQL: the statement's time
 
@@ -283,6 +313,7 @@ def _window(
         return _Window(
             [lane for lane in lanes.values() if lane.best],
             full=sum(len(lane.turns) for lane in lanes.values()) >= size,
+            turns=sum(len(lane.turns) for lane in lanes.values()),
             held={r[1]: _Bucket(r[6], r[7]) for r in rows if r[0] == 2},
             now=next(r[7] for r in rows if r[0] == 3),
         )
@@ -301,7 +332,7 @@ def _window(
             [*where_params, lane.key, len(lane.turns)],
         )
         lane.best = [_Candidate(r[0], d.read_json(r[2]), r[1]) for r in cursor.fetchall()]
-    return _Window(list(lanes.values()), full=len(rows) >= size)
+    return _Window(list(lanes.values()), full=len(rows) >= size, turns=len(rows))
 
 
 # --- 2. and 3. the keys and their counts ---------------------------------------------
@@ -374,6 +405,7 @@ class _Admission:
                 self.tokens[key], self.stamps[key] = tokens, stamp
         self.spent: set[str] = set()
         self.retry_in: float | None = None
+        self.held_back = False  # a key at its limit or held by another claimer kept a job
 
     def _fits(self, keys: list[str]) -> bool:
         for key in keys:
@@ -381,8 +413,10 @@ class _Admission:
             if not lim.limited:
                 continue
             if key not in self.held:
+                self.held_back = True
                 return False  # another claimer holds it now
             if lim.concurrency is not None and self.room[key] <= 0:
+                self.held_back = True
                 return False
             if lim.rate is not None and self.tokens[key] < 1 - _EPSILON:
                 wait = seconds_until_token(self.tokens[key], rate=lim.rate)
