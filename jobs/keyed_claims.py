@@ -273,13 +273,18 @@ def _window(
     if d.postgres:
         named = sorted(limits)
         limited = sorted(name for name, lim in limits.items() if lim.limited)
+        capped = [limits[name].concurrency for name in named]
         cursor.execute(
-            f"WITH win AS (SELECT id, fair_key, fair_turn FROM {JOB_TABLE} WHERE {where} "
-            "ORDER BY fair_turn LIMIT %s), "
+            f"WITH {_FULL_KEYS}, "
+            "blocked AS (SELECT COALESCE(array_agg(key), '{}') AS keys FROM full_keys), "
+            f"win AS (SELECT id, fair_key, fair_turn FROM (SELECT id, fair_key, fair_turn, "
+            f"flow_keys FROM {JOB_TABLE} WHERE {where} ORDER BY fair_turn LIMIT %s) AS scan "
+            "WHERE NOT (scan.flow_keys ?| (SELECT keys FROM blocked)) LIMIT %s), "
             "slots AS (SELECT fair_key, count(*) AS n FROM win GROUP BY fair_key), "
             "best AS (SELECT s.fair_key, c.id, c.fair_turn, c.flow_keys, c.priority FROM slots s "
             f"CROSS JOIN LATERAL (SELECT id, fair_turn, flow_keys, priority FROM {JOB_TABLE} "
             f"WHERE {where} AND fair_key = s.fair_key "
+            "AND NOT (flow_keys ?| (SELECT keys FROM blocked)) "
             "ORDER BY priority DESC, fair_turn LIMIT s.n FOR UPDATE SKIP LOCKED) c), "
             "wanted AS (SELECT DISTINCT k.key FROM best b "
             "CROSS JOIN LATERAL jsonb_array_elements_text(b.flow_keys) AS k(key) "
@@ -300,7 +305,17 @@ def _window(
             "UNION ALL SELECT 2, key, NULL, NULL, NULL, NULL, tokens, refilled_at FROM held "
             "UNION ALL SELECT 2, key, NULL, NULL, NULL, NULL, tokens, refilled_at FROM made "
             "UNION ALL SELECT 3, NULL, NULL, NULL, NULL, NULL, NULL, statement_timestamp()",
-            [*where_params, size, *where_params, limited, named, limited],
+            [
+                named,
+                capped,
+                *where_params,
+                scan_size(size),
+                size,
+                *where_params,
+                limited,
+                named,
+                limited,
+            ],
         )
         rows = cursor.fetchall()
         for _kind, key, job_id, turn, *_ in sorted(
@@ -317,10 +332,17 @@ def _window(
             held={r[1]: _Bucket(r[6], r[7]) for r in rows if r[0] == 2},
             now=next(r[7] for r in rows if r[0] == 3),
         )
+    blocked = _full_keys_sqlite(cursor, d, limits)
+    unblocked, unblocked_params = "1 = 1", []
+    if blocked:
+        listed = d.in_list(len(blocked))
+        unblocked = f"NOT EXISTS (SELECT 1 FROM json_each(flow_keys) WHERE value IN {listed})"
+        unblocked_params = blocked
     cursor.execute(
-        f"SELECT id, fair_key, fair_turn FROM {JOB_TABLE} WHERE {where} "
+        f"SELECT id, fair_key, fair_turn FROM (SELECT id, fair_key, fair_turn, flow_keys "
+        f"FROM {JOB_TABLE} WHERE {where} ORDER BY fair_turn LIMIT %s) WHERE {unblocked} "
         "ORDER BY fair_turn LIMIT %s",
-        [*where_params, size],
+        [*where_params, scan_size(size), *unblocked_params, size],
     )
     rows = cursor.fetchall()
     for job_id, key, turn in rows:
@@ -328,11 +350,48 @@ def _window(
     for lane in lanes.values():
         cursor.execute(
             f"SELECT id, fair_turn, flow_keys FROM {JOB_TABLE} WHERE {where} AND fair_key = %s "
-            "ORDER BY priority DESC, fair_turn LIMIT %s",
-            [*where_params, lane.key, len(lane.turns)],
+            f"AND {unblocked} ORDER BY priority DESC, fair_turn LIMIT %s",
+            [*where_params, lane.key, *unblocked_params, len(lane.turns)],
         )
         lane.best = [_Candidate(r[0], d.read_json(r[2]), r[1]) for r in cursor.fetchall()]
     return _Window(list(lanes.values()), full=len(rows) >= size, turns=len(rows))
+
+
+# Keys already at their concurrency limit, by the running jobs' keys (a snapshot: the
+# claim's own count after the locks decides; this only keeps them out of the window).
+# Parameters: every limit row's name, and its concurrency (NULL: none).
+_FULL_KEYS = (
+    "lim AS (SELECT * FROM unnest(%s::text[], %s::int[]) AS l(name, concurrency)), "
+    "running AS (SELECT k.key, count(*) AS n FROM "
+    f"{JOB_TABLE} j CROSS JOIN LATERAL jsonb_array_elements_text(j.flow_keys) AS k(key) "
+    "WHERE j.status = 'running' AND j.fair_key IS NOT NULL GROUP BY k.key), "
+    "full_keys AS (SELECT r.key FROM running r LEFT JOIN lim own ON own.name = r.key "
+    "LEFT JOIN lim fam ON fam.name = split_part(r.key, ':', 1) "
+    "WHERE r.n >= CASE WHEN own.name IS NOT NULL THEN own.concurrency ELSE fam.concurrency END)"
+)
+# The most turns a window reads past keys at their limit to find turns it can start.
+MAX_SCAN = 5000
+
+
+def scan_size(size: int) -> int:
+    """How many turns a window of ``size`` may read, skipping keys already at their limit."""
+    return max(size, min(MAX_SCAN, 20 * size))
+
+
+def _full_keys_sqlite(cursor: Any, d: Any, limits: dict[str, Limits]) -> list[str]:
+    """SQLite: the keys of running jobs that are at their concurrency limit."""
+    if not any(lim.concurrency is not None for lim in limits.values()):
+        return []
+    cursor.execute(
+        f"SELECT k.value, count(*) FROM {JOB_TABLE} j, json_each(j.flow_keys) k "
+        "WHERE j.status = 'running' AND j.fair_key IS NOT NULL GROUP BY k.value"
+    )
+    full = []
+    for key, running in cursor.fetchall():
+        concurrency = limits_for(key, limits).concurrency
+        if concurrency is not None and running >= concurrency:
+            full.append(key)
+    return full
 
 
 # --- 2. and 3. the keys and their counts ---------------------------------------------
@@ -435,7 +494,7 @@ class _Admission:
     def run(self, lanes: list[_Lane], limit: int) -> list[_Candidate]:
         admitted: list[_Candidate] = []
         # Round-robin over the lanes, one turn each per round, until the turns run out.
-        taken = defaultdict(int)
+        taken: defaultdict[str, int] = defaultdict(int)
         pending = {lane.key: list(lane.best) for lane in lanes}
         rounds = max((len(lane.turns) for lane in lanes), default=0)
         for turn in range(rounds):

@@ -183,3 +183,12 @@ def test_the_queues_bucket_and_the_keys_limits_compose(queue, worker_id):
     )
     assert len(second.jobs) == 1  # one token left (tokens found no job are given back)
     assert second.retry_in is not None
+
+
+def test_a_claim_reads_past_keys_at_their_limit(queue, worker_id):
+    limit("busy", concurrency=1)
+    enqueue_many([JobSpec("ping", queue=queue, keys=[f"busy:{n}"]) for n in range(70)])
+    assert len(claim(queue, worker_id, n=70).jobs) == 70  # every busy key at its limit now
+    enqueue_many([JobSpec("ping", queue=queue, keys=[f"busy:{n}"]) for n in range(70)])
+    fresh = enqueue("ping", queue=queue, keys=["fresh:1"])
+    assert [j.id for j in claim(queue, worker_id, n=1).jobs] == [fresh.id]

@@ -301,19 +301,11 @@ def test_a_later_key_is_not_stuck_behind_a_big_backlog(worker):
     assert Job.objects.filter(queue=queue, status="queued").count() > 100  # A still waiting
 
 
-# More keys at their limit than a claim's window holds: jobs.keyed_claims.window_size, at
-# most 4 x the claim's limit (here 10 free slots: 40 turns). With 30 the test passes.
+# More keys at their limit than a claim's window holds (jobs.keyed_claims.window_size, at
+# most 4 x the claim's limit: 40 turns for 10 free slots): the window reads past them.
 BUSY_KEYS = 70
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Head-of-line blocking in jobs.keyed_claims: the claim reads only the queue's "
-    "first window_size(limit) turns (at most 4 x its limit: 40 for 10 free slots). When more "
-    "keys than that are at their limit and hold the earliest turns, a key with room further "
-    "back is never in the window: the claim starts nothing, with slots idle, until enough "
-    "of those keys' runs end (here 20 s).",
-)
 def test_a_key_with_room_starts_while_many_keys_wait_at_their_limit(worker):
     """70 keys of concurrency 1 each run a long job and have one more waiting; a new key's
     job then starts at once on the worker's free slots, not when the long jobs end."""
