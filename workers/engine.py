@@ -534,6 +534,8 @@ class JobWorker:
             return self._claim_pass()
         self._finish(batch, moved)
         self._submit_jobs(jobs)
+        if not jobs:
+            self._queue_settings_read = 0.0  # as in _claim_pass: a queue may have become keyed
         return len(jobs)
 
     def _claim_pass(self) -> int:
@@ -566,6 +568,11 @@ class JobWorker:
                 for message in messages:
                     self._submit(message.id, MessageFlight(message))
                 claimed += len(messages)
+        if not claimed:
+            # Found nothing: read the settings afresh next time. A wake-up for a queue
+            # whose first keyed job just made it keyed must not meet settings cached
+            # from before (and sleep a poll with that job waiting).
+            self._queue_settings_read = 0.0
         return claimed
 
     def _start_jobs(self, queues: list[str], limit: int, cap: int | None) -> int:

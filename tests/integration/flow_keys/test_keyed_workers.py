@@ -331,3 +331,23 @@ def test_a_key_with_room_starts_while_many_keys_wait_at_their_limit(worker):
         timeout=5,
         message="the new key's job, with 10 slots free",
     )
+
+
+def test_the_first_keyed_job_of_a_new_queue_starts_without_waiting_a_poll(worker):
+    """A worker that served the queue's plain jobs meets its first keyed job at once: settings
+    cached from before the queue became keyed are read afresh after a claim found nothing.
+    PostgreSQL: the enqueue's NOTIFY wakes the worker (SQLite workers poll)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite workers find new jobs by polling, not by a wake-up")
+    queue = f"keyed-new-{uuid.uuid4().hex[:6]}"
+    proc = worker(queue, env={"CONTROLPLANE_POLL_SECONDS": "30"})
+    plain = enqueue("ping", queue=queue)
+    wait_for(lambda: Job.objects.get(pk=plain.pk).status == "succeeded", timeout=20)
+    keyed = enqueue("ping", queue=queue, keys=["fresh:1"])
+    wait_for(
+        lambda: Job.objects.get(pk=keyed.pk).status == "succeeded",
+        timeout=10,
+        message="the first keyed job (a 30 s poll would miss this)",
+    )
+    proc.signal(signal.SIGTERM)
+    assert proc.wait() == 0
