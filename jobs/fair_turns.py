@@ -100,6 +100,12 @@ def _advance_lanes(cursor: Any, d: Any, queue: str, spans: dict[str, float]) -> 
     return ends
 
 
+def forget_keyed_queues() -> None:
+    """Forget which queues were marked keyed (their rows were deleted: tests, a reset)."""
+    with _keyed_lock:
+        _keyed_queues.clear()
+
+
 def _mark_keyed(queue: str, using: str) -> None:
     """Flag the queue as holding keyed jobs (once per process), so workers claim them."""
     if queue in _keyed_queues:

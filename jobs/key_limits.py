@@ -275,6 +275,13 @@ _known_families: set[str] = set()
 _known_lock = threading.Lock()
 
 
+def forget() -> None:
+    """Forget the cached limits and the families known to have rows (tests, a reset)."""
+    cache.forget()
+    with _known_lock:
+        _known_families.clear()
+
+
 def ensure_declared(keys: Iterable[Key], using: str = "default") -> None:
     """Create the limit rows of declared families that have none yet (once per process).
 

@@ -180,10 +180,15 @@ def wait_for_other_sessions_to_finish(timeout: float = 5.0) -> None:
 
 @pytest.fixture(autouse=True)
 def _forget_cached_queue_settings() -> Iterator[None]:
-    """The flush between tests deletes queue rows without signals: start from a cold cache."""
+    """The flush between tests deletes queue and key limit rows without signals: start from
+    cold caches (queue settings, key limits, the queues marked keyed)."""
     from django_controlplane.remote.runs import queue_settings
+    from jobs import key_limits
+    from jobs.fair_turns import forget_keyed_queues
 
     queue_settings.forget()
+    key_limits.forget()
+    forget_keyed_queues()
     yield
 
 
