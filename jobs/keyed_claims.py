@@ -168,7 +168,10 @@ def claim_keyed(
     d = dialect(using)
     runner = runner or this_process()
     limits = cache.rows(using)
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    # No savepoint inside a caller's transaction (a worker's cycle writes its completions
+    # and claims in one): a failure here fails the caller's transaction as a whole.
+    scope = transaction.atomic(using=using, savepoint=False)
+    with scope, connections[using].cursor() as cursor:
         if cap is not None:
             limit = min(limit, room_under_cap(cursor, d, queue, cap))
             if limit <= 0:

@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Callable
 from queue import SimpleQueue
 
-from django.db import DataError, connection
+from django.db import DataError, connection, transaction
 
 from jobs import signals, transitions
 from jobs.batches import claim_messages
@@ -502,6 +502,9 @@ class JobWorker:
             open_queues = [q for q in self.config.queues if not settings[q].paused]
             if open_queues and all(settings[q].plain_jobs for q in open_queues):
                 return self._complete_and_claim(open_queues)
+            if open_queues and all(settings[q].unlimited_jobs for q in open_queues):
+                keyed = [q for q in open_queues if settings[q].keyed]
+                return self._complete_and_claim_keyed(open_queues, keyed)
         self._flush_completions()
         return self._claim_pass()
 
@@ -536,6 +539,61 @@ class JobWorker:
         self._submit_jobs(jobs)
         if not jobs:
             self._queue_settings_read = 0.0  # as in _claim_pass: a queue may have become keyed
+        return len(jobs)
+
+    def _complete_and_claim_keyed(self, queues: list[str], keyed: list[str]) -> int:
+        """``_complete_and_claim`` and then the keyed queues' claims, in one transaction.
+
+        One commit per cycle, as for plain queues, where writing the completions
+        on their own and then claiming took two (bench/flow_keys.py).
+        """
+        with self._lock:
+            batch, self._completions = self._completions, []
+            free = self.config.concurrency - len(self._flights) + len(batch)
+        limit = free if free > 0 and self._may_claim() else 0
+        retry: list[float] = []
+
+        def cycle() -> tuple[list[uuid.UUID], list[ClaimedJob]]:
+            retry.clear()
+            with transaction.atomic():
+                moved, jobs = complete_and_claim(
+                    batch,
+                    queues=queues,
+                    worker_id=self.id,
+                    limit=limit,
+                    lease_seconds=self.config.lease_seconds,
+                    local_operations=self._local_operations,
+                )
+                for queue in keyed:
+                    if len(jobs) >= limit:
+                        break
+                    result = claim_keyed(
+                        queue=queue,
+                        worker_id=self.id,
+                        limit=limit - len(jobs),
+                        lease_seconds=self.config.lease_seconds,
+                        local_operations=self._local_operations,
+                    )
+                    jobs += result.jobs
+                    if result.retry_in is not None:
+                        retry.append(result.retry_in)
+            return moved, jobs
+
+        try:
+            moved, jobs = with_db_retry(cycle, what="complete_and_claim", attempts=3)
+        except Exception as error:
+            if not batch or is_transient(error):
+                with self._lock:
+                    self._completions[:0] = batch  # keep them; the leases are still ours
+                raise
+            self._complete_one_by_one(batch, error)
+            return self._claim_pass()
+        if retry:
+            self._key_token_due = min(self._key_token_due, time.monotonic() + min(retry))
+        self._finish(batch, moved)
+        self._submit_jobs(jobs)
+        if not jobs:
+            self._queue_settings_read = 0.0
         return len(jobs)
 
     def _claim_pass(self) -> int:
