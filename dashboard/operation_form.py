@@ -4,7 +4,8 @@ A flat object schema (properties of type string, integer, number or
 boolean, or an enum of plain values) becomes one typed input per property,
 required ones marked. Anything else (nested objects, arrays, unions,
 references, or no schema at all) gets one JSON textarea prefilled with
-``{}``. Beside the payload: queue, priority and an optional run-after time.
+``{}``. Beside the payload: queue, priority, an optional run-after time and
+optional flow keys (``account:42, region:eu``, added to the operation's own).
 
 Submitting goes through ``jobs.enqueue.enqueue``, the REST API's own path,
 and writes the audit row in the same transaction: the enqueue's field
@@ -187,6 +188,7 @@ class EnqueueForm:
     queue: str = ""
     priority: str = "0"
     run_after: str = ""
+    keys: str = ""
     payload: str = "{}"
     errors: dict[str, list[str]] = field(default_factory=dict)  # queue, priority, ... , form
     bound: bool = False
@@ -215,6 +217,7 @@ class Submission:
     queue: str | None
     priority: int
     run_after: datetime | None
+    keys: list[str] | None = None
 
 
 def bind(
@@ -226,6 +229,8 @@ def bind(
     form.queue = _shown(data.get("queue", ""))
     form.priority = _shown(data.get("priority", ""))
     form.run_after = _shown(data.get("run_after", ""))
+    form.keys = _shown(data.get("keys", ""))
+    keys = _keys(data.get("keys", ""), form)
     queue = _queue(data.get("queue", ""), form)
     priority = _priority(data.get("priority", ""), form)
     run_after = _run_after(data.get("run_after", ""), form)
@@ -246,7 +251,9 @@ def bind(
             checked = validate_against_schema(payload, operation.payload_schema)
             _place_errors(form, checked, skip_refused=True)
         return form, None
-    return form, Submission(payload=payload, queue=queue, priority=priority, run_after=run_after)
+    return form, Submission(
+        payload=payload, queue=queue, priority=priority, run_after=run_after, keys=keys
+    )
 
 
 def submit(form: EnqueueForm, submission: Submission, *, user: Any) -> Job | None:
@@ -260,6 +267,7 @@ def submit(form: EnqueueForm, submission: Submission, *, user: Any) -> Job | Non
                 queue=submission.queue,
                 priority=submission.priority,
                 run_after=submission.run_after,
+                keys=submission.keys,
             )
             audit.record_action(
                 user,
@@ -293,6 +301,15 @@ def _queue(raw: str, form: EnqueueForm) -> str | None:
         form.add_error("queue", f"A queue name is at most {MAX_QUEUE_LENGTH} characters.")
         return None
     return text or None
+
+
+def _keys(raw: str, form: EnqueueForm) -> list[str] | None:
+    """Flow keys typed as a comma-separated list; the enqueue checks each (``jobs.flow_keys``)."""
+    if reason := text_problem(raw):
+        form.add_error("flow_keys", f"The keys {reason}.")
+        return None
+    keys = [part.strip() for part in raw.split(",") if part.strip()]
+    return keys or None
 
 
 def _priority(raw: str, form: EnqueueForm) -> int:
@@ -439,5 +456,7 @@ def _place_errors(
                 form.add_error("payload", text if path == "payload" else f"{path}: {text}")
         elif path in ("queue", "priority", "run_after"):
             form.errors.setdefault(path, []).extend(texts)
+        elif path == "keys":  # "flow_keys" in the form: a template reads errors.keys as the method
+            form.errors.setdefault("flow_keys", []).extend(texts)
         else:
             form.errors.setdefault("form", []).extend(texts)

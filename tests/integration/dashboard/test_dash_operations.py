@@ -305,3 +305,20 @@ def test_a_hostile_operation_name_is_refused(operator_client: Client) -> None:
         ENQUEUE, "operation=%ED%A0%80", content_type="application/x-www-form-urlencoded"
     )
     assert_refused(raw)
+
+
+def test_an_operator_enqueues_with_flow_keys(operator_client: Client) -> None:
+    response = operator_client.post(ENQUEUE, flat_post(keys=" account:42 , region:eu,"))
+    [job] = assert_enqueued(FLAT, queue="dashop", count=1)
+    assert response.status_code == 302
+    assert job.flow_keys == ["account:42", "region:eu"] and job.fair_key == "account:42"
+
+
+def test_a_bad_flow_key_is_shown_beside_its_input_and_nothing_is_stored(
+    operator_client: Client,
+) -> None:
+    response = operator_client.post(ENQUEUE, flat_post(keys=f":no-family, {HOSTILE_SCRIPT}"))
+    html = assert_refused(response)
+    assert "must not start with" in html
+    assert HOSTILE_SCRIPT not in html  # drawn back escaped
+    refute_enqueued(FLAT)
