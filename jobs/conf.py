@@ -7,6 +7,7 @@ each access so tests can override settings.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -192,6 +193,23 @@ def _coerce(name: str, raw: str) -> Any:
     if isinstance(default, list):
         return [part.strip() for part in raw.split(",") if part.strip()]
     return raw
+
+
+def json_knob(name: str) -> Any:
+    """A knob holding a JSON document: parsed when it comes from the environment (text).
+
+    Empty text or None reads as ``{}``; text that is not JSON is ``ImproperlyConfigured``.
+    Anything else is returned as it is, for the caller's own checks.
+    """
+    raw = knob(name)
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(f"CONTROLPLANE_{name} must be a JSON object.") from None
+    return {} if raw is None else raw
 
 
 def knob(name: str) -> Any:

@@ -34,7 +34,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from jobs.conf import knob
+from jobs.conf import json_knob, knob
 from jobs.flow_keys import Key, declared_keys, family, key_problem
 from jobs.models import KeyLimit, OperatorAction
 
@@ -211,12 +211,7 @@ def declared_limits() -> dict[str, dict[str, Any]]:
 
 def configured_keys() -> dict[str, dict[str, Any]]:
     """``CONTROLPLANE["KEYS"]`` (or ``CONTROLPLANE_KEYS`` as JSON), checked."""
-    raw = knob("KEYS")
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            raise ImproperlyConfigured("CONTROLPLANE_KEYS must be a JSON object.") from None
+    raw = json_knob("KEYS")
     if not isinstance(raw, dict):
         raise ImproperlyConfigured(
             'CONTROLPLANE["KEYS"] must map key families to their limits, e.g. '

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from jobs.conf import knob
+from jobs.conf import json_knob
 from jobs.models import OperatorAction, Queue, QueueKind
 
 log = logging.getLogger("jobs")
@@ -126,12 +126,7 @@ CHECKS = {"concurrency_cap": check_cap, "rate_limit_per_second": check_rate}
 
 def configured_queues() -> dict[str, dict[str, Any]]:
     """``CONTROLPLANE["QUEUES"]`` (or ``CONTROLPLANE_QUEUES`` as JSON), checked and normalised."""
-    raw = knob("QUEUES")
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            raise ImproperlyConfigured("CONTROLPLANE_QUEUES must be a JSON object.") from None
+    raw = json_knob("QUEUES")
     if not isinstance(raw, dict):
         raise ImproperlyConfigured(
             'CONTROLPLANE["QUEUES"] must map queue names to their limits, e.g. '

@@ -18,7 +18,6 @@ outlives, which is when a whole event partition may go (``jobs.partitions``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from jobs.conf import knob
+from jobs.conf import json_knob, knob
 
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")
 ANY_STATUS = "*"
@@ -69,19 +68,9 @@ def check_queue_retention(value: Any) -> dict[str, float] | None:
     return out or None
 
 
-def _json_knob(name: str) -> Any:
-    raw = knob(name)
-    if isinstance(raw, str):  # from the environment
-        try:
-            return json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            raise ImproperlyConfigured(f"CONTROLPLANE_{name} must be a JSON object.") from None
-    return raw or {}
-
-
 def status_retention() -> dict[str, float]:
     """``RETENTION_DAYS_BY_STATUS``, checked."""
-    raw = _json_knob("RETENTION_DAYS_BY_STATUS")
+    raw = json_knob("RETENTION_DAYS_BY_STATUS")
     try:
         if not isinstance(raw, dict):
             raise RetentionError('It must map statuses to days, e.g. {"succeeded": 1}.')
@@ -92,7 +81,7 @@ def status_retention() -> dict[str, float]:
 
 def configured_queue_retention() -> dict[str, dict[str, float]]:
     """``QUEUE_RETENTION_DAYS``, checked: per queue, days by status (``"*"``: any)."""
-    raw = _json_knob("QUEUE_RETENTION_DAYS")
+    raw = json_knob("QUEUE_RETENTION_DAYS")
     if not isinstance(raw, dict):
         raise ImproperlyConfigured(
             'CONTROLPLANE["QUEUE_RETENTION_DAYS"] must map queue names to days, e.g. '

@@ -41,7 +41,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from queue import SimpleQueue
 
 from django.db import DataError, connection, transaction
@@ -504,48 +505,17 @@ class JobWorker:
                 return self._complete_and_claim(open_queues)
             if open_queues and all(settings[q].unlimited_jobs for q in open_queues):
                 keyed = [q for q in open_queues if settings[q].keyed]
-                return self._complete_and_claim_keyed(open_queues, keyed)
+                return self._complete_and_claim(open_queues, keyed)
         self._flush_completions()
         return self._claim_pass()
 
-    def _complete_and_claim(self, queues: list[str]) -> int:
-        with self._lock:
-            batch, self._completions = self._completions, []
-            free = self.config.concurrency - len(self._flights) + len(batch)
-        limit = free if free > 0 and self._may_claim() else 0
-        try:
-            moved, jobs = with_db_retry(
-                lambda: complete_and_claim(
-                    batch,
-                    queues=queues,
-                    worker_id=self.id,
-                    limit=limit,
-                    lease_seconds=self.config.lease_seconds,
-                    local_operations=self._local_operations,
-                ),
-                what="complete_and_claim",
-                attempts=3,
-            )
-        except Exception as error:
-            if not batch or is_transient(error):
-                with self._lock:
-                    self._completions[:0] = batch  # keep them; the leases are still ours
-                raise
-            # A value the per-job checks let through broke the batched statement:
-            # write the batch one by one, failing only the job that holds it.
-            self._complete_one_by_one(batch, error)
-            return self._claim_pass()
-        self._finish(batch, moved)
-        self._submit_jobs(jobs)
-        if not jobs:
-            self._queue_settings_read = 0.0  # as in _claim_pass: a queue may have become keyed
-        return len(jobs)
+    def _complete_and_claim(self, queues: list[str], keyed: Sequence[str] = ()) -> int:
+        """Write the gathered completions and claim, with one commit per cycle.
 
-    def _complete_and_claim_keyed(self, queues: list[str], keyed: list[str]) -> int:
-        """``_complete_and_claim`` and then the keyed queues' claims, in one transaction.
-
-        One commit per cycle, as for plain queues, where writing the completions
-        on their own and then claiming took two (bench/flow_keys.py).
+        Plain queues: one statement (``complete_and_claim``). With ``keyed``
+        queues, their claims (``jobs.keyed_claims``) follow in the same
+        transaction; writing the completions on their own first took a second
+        commit per cycle (bench/flow_keys.py).
         """
         with self._lock:
             batch, self._completions = self._completions, []
@@ -555,7 +525,8 @@ class JobWorker:
 
         def cycle() -> tuple[list[uuid.UUID], list[ClaimedJob]]:
             retry.clear()
-            with transaction.atomic():
+            # One statement is atomic on its own: no BEGIN/COMMIT round trips for it.
+            with transaction.atomic() if keyed else nullcontext():
                 moved, jobs = complete_and_claim(
                     batch,
                     queues=queues,
@@ -586,6 +557,8 @@ class JobWorker:
                 with self._lock:
                     self._completions[:0] = batch  # keep them; the leases are still ours
                 raise
+            # A value the per-job checks let through broke the batched statement:
+            # write the batch one by one, failing only the job that holds it.
             self._complete_one_by_one(batch, error)
             return self._claim_pass()
         if retry:
@@ -593,7 +566,7 @@ class JobWorker:
         self._finish(batch, moved)
         self._submit_jobs(jobs)
         if not jobs:
-            self._queue_settings_read = 0.0
+            self._queue_settings_read = 0.0  # as in _claim_pass: a queue may have become keyed
         return len(jobs)
 
     def _claim_pass(self) -> int:
