@@ -392,3 +392,31 @@ def test_earlier_events_and_the_theme_toggle(open_page) -> None:
     assert page.evaluate(background) != light
     page.reload()  # the choice is remembered
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+
+
+def test_an_operator_limits_a_key_family_and_sees_what_it_holds_back(open_page) -> None:
+    from jobs.enqueue import JobSpec, enqueue, enqueue_many
+    from jobs.keyed_claims import claim_keyed
+    from jobs.models import KeyLimit
+
+    page = open_page("operator")
+    page.goto("/dashboard/queues/")
+    new = page.locator("form.key-limit-new")
+    new.locator("input[name=name]").fill("tenant")
+    new.locator("input[name=concurrency]").fill("1")
+    new.get_by_role("button", name="Set limits").click()
+    expect(page.locator('tr[data-key-limit="tenant"]')).to_be_visible()
+    assert KeyLimit.objects.get(name="tenant").concurrency == 1
+
+    hostile = f"tenant:{HOSTILE_SCRIPT}"
+    enqueue_many([JobSpec("ping", queue="keyed-e2e", keys=[hostile]) for _ in range(3)])
+    claim_keyed(queue="keyed-e2e", worker_id=worker().pk, limit=5, lease_seconds=60)
+    waiting = enqueue("ping", queue="keyed-e2e", keys=[hostile])
+    page.goto("/dashboard/queues/")
+    held = page.locator('[data-held-queue="keyed-e2e"]')
+    expect(held).to_contain_text("at its limit 1/1")
+    expect(held.locator("[data-held-total]")).to_have_text("3")
+    expect(held).to_contain_text(HOSTILE_SCRIPT)  # shown as text, never run
+    page.goto(f"/dashboard/jobs/{waiting.pk}/")
+    expect(page.locator("body")).to_contain_text("at its limit 1/1")
+    assert page.evaluate("window.__pwned") is None
