@@ -183,7 +183,9 @@ def claim_keyed(
         if not lanes:
             _windows.learn(using, queue, short=full, filled=False)
             # Turns without a job to give them to: another claimer holds those jobs.
-            retry = _windows.retry_after_short(using, queue, held_back=window.turns > 0)
+            retry = _windows.retry_after_short(
+                using, queue, held_back=window.turns > 0 or window.full_keys > 0
+            )
             return KeyedClaim([], retry)
         if window.held is not None:  # PostgreSQL: locked by the window's statement
             held, db_now = window.held, window.now
@@ -209,7 +211,9 @@ def claim_keyed(
         )
         retry_in = admission.retry_in
         short_retry = _windows.retry_after_short(
-            using, queue, held_back=admission.held_back and len(admitted) < limit
+            using,
+            queue,
+            held_back=(admission.held_back or window.full_keys > 0) and len(admitted) < limit,
         )
         if short_retry is not None:
             retry_in = short_retry if retry_in is None else min(retry_in, short_retry)
@@ -245,6 +249,9 @@ class _Window:
     lanes: list[_Lane]
     full: bool  # ``size`` turns: a bigger window might find more
     turns: int  # turns in the window, with or without a job to give them to
+    # Keys at their concurrency limit whose jobs the window left out (they free up when
+    # a job ends on any worker, which wakes nobody: a claim that came up short retries).
+    full_keys: int = 0
     held: dict[str, _Bucket] | None = None  # PostgreSQL: the limited keys locked with it
     now: datetime | None = None  # PostgreSQL: the statement's time
 
@@ -307,7 +314,8 @@ def _window(
             "NULL, NULL FROM best b "
             "UNION ALL SELECT 2, key, NULL, NULL, NULL, NULL, tokens, refilled_at FROM held "
             "UNION ALL SELECT 2, key, NULL, NULL, NULL, NULL, tokens, refilled_at FROM made "
-            "UNION ALL SELECT 3, NULL, NULL, NULL, NULL, NULL, NULL, statement_timestamp()",
+            "UNION ALL SELECT 3, NULL, NULL, NULL, NULL, NULL, "
+            "cardinality((SELECT keys FROM blocked))::float8, statement_timestamp()",
             [
                 named,
                 capped,
@@ -334,6 +342,7 @@ def _window(
             turns=sum(len(lane.turns) for lane in lanes.values()),
             held={r[1]: _Bucket(r[6], r[7]) for r in rows if r[0] == 2},
             now=next(r[7] for r in rows if r[0] == 3),
+            full_keys=int(next(r[6] for r in rows if r[0] == 3)),
         )
     blocked = _full_keys_sqlite(cursor, d, limits)
     unblocked, unblocked_params = "1 = 1", []
@@ -357,7 +366,9 @@ def _window(
             [*where_params, lane.key, *unblocked_params, len(lane.turns)],
         )
         lane.best = [_Candidate(r[0], d.read_json(r[2]), r[1]) for r in cursor.fetchall()]
-    return _Window(list(lanes.values()), full=len(rows) >= size, turns=len(rows))
+    return _Window(
+        list(lanes.values()), full=len(rows) >= size, turns=len(rows), full_keys=len(blocked)
+    )
 
 
 # Keys already at their concurrency limit, by the running jobs' keys (a snapshot: the

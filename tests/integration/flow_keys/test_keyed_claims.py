@@ -192,3 +192,11 @@ def test_a_claim_reads_past_keys_at_their_limit(queue, worker_id):
     enqueue_many([JobSpec("ping", queue=queue, keys=[f"busy:{n}"]) for n in range(70)])
     fresh = enqueue("ping", queue=queue, keys=["fresh:1"])
     assert [j.id for j in claim(queue, worker_id, n=1).jobs] == [fresh.id]
+
+
+def test_a_claim_held_back_by_full_keys_asks_to_try_again_soon(queue, worker_id):
+    limit("solo", concurrency=1)
+    enqueue_many([JobSpec("ping", queue=queue, keys=["solo:1"]) for _ in range(2)])
+    assert len(claim(queue, worker_id).jobs) == 1
+    held = claim(queue, worker_id)  # the key is full: its job is left out of the window
+    assert held.jobs == [] and held.retry_in is not None and held.retry_in <= 0.5
