@@ -110,3 +110,34 @@ def record_action(
         filter=filters or {},
         reason=(reason or "")[:2000],
     )
+
+
+def apply_declared(
+    model: Any, name: str, wanted: dict[str, Any], *, action: str, defaults: dict | None = None
+) -> bool:
+    """Write a settings row's declared values unless they are the ones last applied.
+
+    For what code declares (``QUEUES``, ``KEYS``): under the row's lock, so
+    processes starting together apply a declaration once, and each
+    application is an audit row (``action``, by ``settings``) that the next
+    start compares against; an operator's change in between stands until the
+    declaration itself changes. Returns whether it wrote.
+    """
+    from django.db import transaction
+
+    with transaction.atomic():
+        model.objects.get_or_create(name=name, defaults=defaults or {})
+        row = model.objects.select_for_update().get(name=name)
+        last = (
+            OperatorAction.objects.filter(action=action, target=name)
+            .order_by("-at", "-id")
+            .values_list("filter", flat=True)
+            .first()
+        )
+        if last == wanted:
+            return False
+        for field, value in wanted.items():
+            setattr(row, field, value)
+        row.save(update_fields=[*wanted, "updated_at"])
+        record_action("settings", action, target=name, filters=wanted)
+    return True

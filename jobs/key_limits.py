@@ -32,11 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
 
 from jobs.conf import json_knob, knob
 from jobs.flow_keys import Key, declared_keys, family, key_problem
-from jobs.models import KeyLimit, OperatorAction
+from jobs.models import KeyLimit
 
 log = logging.getLogger("jobs")
 
@@ -245,21 +244,8 @@ def apply_declared_limits() -> list[str]:
 
     applied = []
     for name, wanted in declared.items():
-        with transaction.atomic():
-            KeyLimit.objects.get_or_create(name=name)
-            row = KeyLimit.objects.select_for_update().get(name=name)
-            last = (
-                OperatorAction.objects.filter(action=audit.APPLY_KEY_SETTINGS, target=name)
-                .order_by("-at", "-id")
-                .values_list("filter", flat=True)
-                .first()
-            )
-            if last == wanted:
-                continue
-            for field, value in wanted.items():
-                setattr(row, field, value)
-            row.save()
-            audit.record_action("settings", audit.APPLY_KEY_SETTINGS, target=name, filters=wanted)
+        if not audit.apply_declared(KeyLimit, name, wanted, action=audit.APPLY_KEY_SETTINGS):
+            continue
         applied.append(name)
         log.info("key.settings_applied key=%s %s", name, json.dumps(wanted, sort_keys=True))
     cache.forget()

@@ -28,10 +28,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
 
 from jobs.conf import json_knob
-from jobs.models import OperatorAction, Queue, QueueKind
+from jobs.models import Queue, QueueKind
 
 log = logging.getLogger("jobs")
 
@@ -169,22 +168,11 @@ def apply_configured_queues() -> list[str]:
 
     applied = []
     for name, wanted in configured.items():
-        with transaction.atomic():
-            queues = Queue.objects.all()
-            queues.get_or_create(name=name, defaults={"kind": Queue.default_kind(name)})
-            queue = queues.select_for_update().get(name=name)
-            last = (
-                OperatorAction.objects.filter(action=audit.APPLY_SETTINGS, target=name)
-                .order_by("-at", "-id")
-                .values_list("filter", flat=True)
-                .first()
-            )
-            if last == wanted:
-                continue
-            for field, value in wanted.items():
-                setattr(queue, field, value)
-            queue.save(update_fields=[*wanted, "updated_at"])
-            audit.record_action("settings", audit.APPLY_SETTINGS, target=name, filters=wanted)
+        kind = {"kind": Queue.default_kind(name)}
+        if not audit.apply_declared(
+            Queue, name, wanted, action=audit.APPLY_SETTINGS, defaults=kind
+        ):
+            continue
         applied.append(name)
         log.info("queue.settings_applied queue=%s %s", name, json.dumps(wanted, sort_keys=True))
     return applied
