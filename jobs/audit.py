@@ -34,6 +34,8 @@ APPLY_KEY_SETTINGS = "key_settings"  # limits declared in code applied at start
 REQUEUE_ORPHAN = "requeue_orphan"
 PURGE = "purge"  # manage.py jobs purge
 RUN_NOW = "run_now"
+CANCEL_WORKFLOW = "cancel_workflow"  # target: the workflow's id; count: steps cancelled
+START_WORKFLOW = "start_workflow"  # a workflow enqueued by an operator (REST, dashboard)
 DISCARD = "discard"  # target: the deleted job's id; filter: what it was
 ENQUEUE = "enqueue"  # the operations page's form
 # Schedules (jobs.schedules.services): target is the schedule's name, filter its id.
@@ -69,6 +71,8 @@ LABELS: dict[str, str] = {
     REQUEUE_ORPHAN: "Requeued orphan",
     PURGE: "Purged finished jobs",
     RUN_NOW: "Run now",
+    CANCEL_WORKFLOW: "Workflow cancelled",
+    START_WORKFLOW: "Workflow started",
     DISCARD: "Discarded",
     ENQUEUE: "Enqueued",
     SCHEDULE_CREATE: "Schedule created",

@@ -29,6 +29,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
+from jobs.dependencies import Ended, release
 from jobs.dialect import dialect
 from jobs.events import JOB_STARTED, JOB_SUCCEEDED
 from jobs.states import QUEUED, RUNNING, SUCCEEDED, check_transition
@@ -438,7 +439,7 @@ def _int(value: int | None) -> str:
 
 
 def _completion_update(
-    d: Any, completions: Sequence[Completion], now: datetime | None
+    d: Any, completions: Sequence[Completion], now: datetime | None, *, followed: bool = False
 ) -> tuple[str, list[Any]]:
     """The transition running -> succeeded of many jobs, each fenced by its token.
 
@@ -481,6 +482,11 @@ def _completion_update(
                 total,
                 c.duration_ms,
             ]
+    # A job whose end releases others or settles a workflow (jobs.dependencies)
+    # is left out of the one-statement write, which has no transaction to
+    # follow it up in: ``_complete_followed`` writes it, ``followed=True``.
+    flag = f"({JOB_TABLE}.has_dependents OR {JOB_TABLE}.workflow_id IS NOT NULL)"
+    follow = f"AND {flag} " if followed else f"AND NOT {flag} "
     sql = (
         f"UPDATE {JOB_TABLE} SET status = 'succeeded', last_event_seq = last_event_seq + 1, "
         f"last_event_at = {now_sql}, finished_at = {now_sql}, result = v.column3, error_code = '', "
@@ -489,8 +495,9 @@ def _completion_update(
         "progress_total = COALESCE(v.column5, progress_total) "
         f"FROM {source} "
         f"WHERE {JOB_TABLE}.id = v.column1 AND {JOB_TABLE}.lease_token = v.column2 "
-        f"AND ({JOB_TABLE}.status = 'running') IS TRUE "
+        f"AND ({JOB_TABLE}.status = 'running') IS TRUE {follow}"
         f"RETURNING {JOB_TABLE}.id, {JOB_TABLE}.last_event_seq"
+        + (f", {JOB_TABLE}.workflow_id" if followed else "")
     )
     return sql, params
 
@@ -514,18 +521,63 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
                 f"INSERT INTO {_EVENT_COLUMNS} {_SUCCEEDED_EVENT} RETURNING job_id",
                 params,
             )
-            return [r[0] for r in cursor.fetchall()]
-    # SQLite: RETURNING cannot name the VALUES table; take durations from our side.
+            moved = [r[0] for r in cursor.fetchall()]
+    else:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            rows = _update_with_events(cursor, d, update, params, completions, now)
+        moved = [d.read_id(r[0]) for r in rows]
+    return moved + _complete_followed(_left_out(completions, moved), using)
+
+
+def _update_with_events(
+    cursor: Any, d: Any, update: str, params: list[Any], completions: Sequence[Completion], now: Any
+) -> list[Any]:
+    """SQLite: the completions' UPDATE, then their events (RETURNING cannot name VALUES)."""
     durations = {d.uuid(c.job_id): c.duration_ms for c in completions}
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(update, params)
-        rows = cursor.fetchall()
-        cursor.executemany(
-            f"INSERT INTO {_EVENT_COLUMNS} "
-            f"VALUES (%s, %s, %s, '{JOB_SUCCEEDED}', 'info', '', {d.json_param})",
-            [(r[0], r[1], d.ts(now), d.json({"duration_ms": durations.get(r[0])})) for r in rows],
-        )
-    return [d.read_id(r[0]) for r in rows]
+    cursor.execute(update, params)
+    rows = cursor.fetchall()
+    cursor.executemany(
+        f"INSERT INTO {_EVENT_COLUMNS} "
+        f"VALUES (%s, %s, %s, '{JOB_SUCCEEDED}', 'info', '', {d.json_param})",
+        [(r[0], r[1], d.ts(now), d.json({"duration_ms": durations.get(r[0])})) for r in rows],
+    )
+    return rows
+
+
+def _left_out(completions: Sequence[Completion], moved: Sequence[uuid.UUID]) -> list[Completion]:
+    """The completions a one-statement write did not move: followed jobs, or lost leases."""
+    if len(moved) == len(completions):
+        return []
+    done = set(moved)
+    return [c for c in completions if c.job_id not in done]
+
+
+def _complete_followed(completions: Sequence[Completion], using: str) -> list[uuid.UUID]:
+    """running -> succeeded of jobs whose end releases others, and that release, in one
+    transaction (``jobs.dependencies.release``). Moves nothing for lost leases."""
+    if not completions:
+        return []
+    d = dialect(using)
+    now = None if d.postgres else timezone.now()
+    update, params = _completion_update(d, completions, now, followed=True)
+    with transaction.atomic(using=using, savepoint=False), connections[using].cursor() as cursor:
+        if d.postgres:
+            cursor.execute(
+                f"WITH done AS ({update}, v.column6 AS duration_ms), "
+                f"ev AS (INSERT INTO {_EVENT_COLUMNS} {_SUCCEEDED_EVENT}) "
+                "SELECT id, workflow_id FROM done",
+                params,
+            )
+            rows = cursor.fetchall()
+        else:
+            rows = [
+                (r[0], r[2])
+                for r in _update_with_events(cursor, d, update, params, completions, now)
+            ]
+        ended = [Ended(d.read_id(r[0]), SUCCEEDED, d.read_uuid(r[1])) for r in rows]
+        if ended:
+            release(ended, using=using)
+    return [e.id for e in ended]
 
 
 # --- both at once -------------------------------------------------------------
@@ -595,4 +647,5 @@ def complete_and_claim(
         cursor.execute(sql, [*done_params, *claim_params, str(worker_id), runner.host, runner.pid])
         rows = cursor.fetchall()
     moved = [r[0] for r in rows if r[1] is None]
+    moved += _complete_followed(_left_out(completions, moved), using)
     return moved, [_claimed(d, r) for r in rows if r[1] is not None]

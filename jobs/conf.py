@@ -112,6 +112,8 @@ DEFAULTS: dict[str, Any] = {
     # 400), and so does a longer event message (EventMessageTooLong); longer
     # error messages are cut, with a visible marker.
     "MAX_RESULT_BYTES": 1024 * 1024,
+    # What one job may read of its dependencies' results in all (jobs.dependencies).
+    "MAX_DEPENDENCY_RESULTS_BYTES": 16 * 1024 * 1024,
     "MAX_ERROR_MESSAGE_CHARS": 10_000,
     "MAX_EVENT_MESSAGE_CHARS": 10_000,
     # Job logs (jobs.job_logs, workers.log_capture): what an operation logs (at

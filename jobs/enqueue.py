@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -36,6 +37,7 @@ from django.db.models.base import ModelState
 
 from jobs.clock import db_now
 from jobs.conf import knob
+from jobs.dependencies import link, plan_links
 from jobs.dialect import dialect
 from jobs.enqueue_hooks import after_enqueue
 from jobs.enqueue_statement import Row, insert_postgres, insert_rows
@@ -45,7 +47,7 @@ from jobs.flow_keys import Key, declared_keys
 from jobs.job_spec import MAX_TIMEOUT_SECONDS, JobSpec, SpecBatch, prepare_row  # noqa: F401
 from jobs.key_holders import key_holders
 from jobs.key_limits import ensure_declared
-from jobs.models import Job
+from jobs.models import Job, Workflow
 from jobs.operations import operation_spec
 from jobs.tracing import describe_enqueue, enqueue_span, tracing_on
 
@@ -63,12 +65,24 @@ def enqueue(operation: str, payload: dict[str, Any] | None = None, **options: An
     return enqueue_many([spec], using=using)[0]
 
 
-def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Job]:
+@dataclass
+class Graph:
+    """What makes an ``enqueue_many`` call a workflow: its row, stored first, and step names."""
+
+    workflow: Workflow | None = None
+    steps: list[str] | None = None
+
+
+def enqueue_many(
+    specs: Sequence[JobSpec], *, using: str = "default", graph: Graph | None = None
+) -> list[Job]:
     """Validate and store ``specs``; return their jobs in the same order.
 
     Nothing is stored if any spec is invalid (``EnqueueError`` names the
     index and field). A spec whose ``unique_key`` another job holds returns
-    that job instead of a new one, with ``duplicate`` set to True.
+    that job instead of a new one, with ``duplicate`` set to True. Specs with
+    ``depends_on`` are linked in the same transaction (``jobs.dependencies``);
+    ``graph`` is how ``jobs.workflows`` stores a workflow with its steps.
     """
     # Thousands of short-lived objects per call (specs' rows, jobs, their
     # states) would run the cyclic collector dozens of times, and its older
@@ -79,9 +93,9 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
         gc.disable()
     try:
         if not tracing_on():
-            return after_enqueue(_enqueue_many(specs, using, None), using)
+            return after_enqueue(_enqueue_many(specs, using, None, graph), using)
         with enqueue_span(len(specs)) as carrier:
-            jobs = _enqueue_many(specs, using, carrier)
+            jobs = _enqueue_many(specs, using, carrier, graph)
             describe_enqueue(jobs)
             return after_enqueue(jobs, using)
     finally:
@@ -90,7 +104,10 @@ def enqueue_many(specs: Sequence[JobSpec], *, using: str = "default") -> list[Jo
 
 
 def _enqueue_many(
-    specs: Sequence[JobSpec], using: str, trace_context: dict[str, str] | None
+    specs: Sequence[JobSpec],
+    using: str,
+    trace_context: dict[str, str] | None,
+    graph: Graph | None = None,
 ) -> list[Job]:
     """Check every spec, then store the rows; a held unique key returns its holder."""
     now = db_now(using)
@@ -103,6 +120,8 @@ def _enqueue_many(
         return []
     if any(r.fair_key is not None for r in rows):
         _declare_limits(specs, rows, using)
+    if graph is not None or any(s.depends_on for s in specs):
+        return _store_graph(specs, rows, graph or Graph(), now, using)
     stored = _store(rows, now, using)
     if len(stored) == len(rows):  # the usual case: no unique key was held elsewhere
         return [_job(r, now, using) for r in rows]
@@ -163,6 +182,37 @@ def _store(rows: list[Row], now: datetime, using: str) -> list[uuid.UUID]:
         for chunk in chunks:
             stored += insert_rows(chunk, now, using)
     return stored
+
+
+def _store_graph(
+    specs: Sequence[JobSpec], rows: list[Row], graph: Graph, now: datetime, using: str
+) -> list[Job]:
+    """Store jobs with dependencies between them (and their workflow) in one transaction."""
+    ids = [r.id for r in rows]
+    links = plan_links(specs, ids)
+    waiting = [r.id for r, s in zip(rows, specs, strict=True) if s.depends_on]
+    for row, spec in zip(rows, specs, strict=True):
+        if spec.depends_on:
+            row.run_after = None  # claimable once its dependencies are met
+    steps = dict(zip(ids, graph.steps, strict=True)) if graph.steps else None
+    keyed = any(r.fair_key is not None for r in rows)
+    with transaction.atomic(using=using):
+        if graph.workflow is not None:
+            graph.workflow.created_at = now
+            graph.workflow.save(using=using, force_insert=True)
+        if keyed:
+            assign_turns(rows, using)
+        for start in range(0, len(rows), CHUNK):
+            insert_rows(rows[start : start + CHUNK], now, using)
+        link(
+            links,
+            waiting=waiting,
+            workflow_id=graph.workflow.pk if graph.workflow is not None else None,
+            steps=steps,
+            using=using,
+        )
+    found = Job.objects.using(using).in_bulk(ids)
+    return [found[i] for i in ids]
 
 
 def _declare_limits(specs: Sequence[JobSpec], rows: list[Row], using: str) -> None:
@@ -273,6 +323,10 @@ def _job_template(now: datetime) -> dict[str, Any]:
                 "last_event_at": now,
                 "retry_laters": 0,
                 "priority_aged": 0,
+                "waiting_for": 0,
+                "has_dependents": False,
+                "workflow_id": None,
+                "step": "",
             },
         )
     return _template[1]

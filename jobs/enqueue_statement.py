@@ -55,7 +55,7 @@ class Row:
     payload: Any
     payload_json: str
     priority: int
-    run_after: datetime
+    run_after: datetime | None  # None: waiting for its dependencies
     expires_at: datetime | None
     max_attempts: int
     parent_id: uuid.UUID | None
@@ -229,7 +229,9 @@ def _general_document(rows: Sequence[Row]) -> str:
         if common is None:
             common = commons[key] = (
                 f'"operation":{dumps(r.operation)},"queue":{dumps(r.queue)},'
-                f'"priority":{r.priority},"run_after":"{r.run_after.isoformat()}",'
+                f'"priority":{r.priority},'
+                # None: waiting for its dependencies (jobs.dependencies), stored NULL.
+                + (f'"run_after":"{r.run_after.isoformat()}",' if r.run_after else "")
                 + (f'"expires_at":"{r.expires_at.isoformat()}",' if r.expires_at else "")
                 + f'"max_attempts":{r.max_attempts}'
             )

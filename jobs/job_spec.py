@@ -67,6 +67,11 @@ class JobSpec:
     retry: dict[str, Any] | RetryPolicy | None = None
     # Flow keys added to the operation's own (jobs.flow_keys): keys or templates.
     keys: list[Any] | None = None
+    # Jobs this one waits for (jobs.dependencies): ids, ``Job``s, ``After``s, or the
+    # indexes of other specs of the same ``enqueue_many`` call; and what their
+    # failure does to it (``cancel``, the default, ``run`` or ``hold``).
+    depends_on: list[Any] | None = None
+    on_failure: str | None = None
 
 
 class SpecBatch:

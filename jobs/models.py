@@ -153,7 +153,9 @@ class Job(models.Model):
     payload = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     priority = models.SmallIntegerField(default=0)
-    run_after = models.DateTimeField(default=timezone.now)
+    # NULL while the job waits for its dependencies (jobs.dependencies): no claim,
+    # whichever path, matches ``run_after <= now`` until the last one releases it.
+    run_after = models.DateTimeField(default=timezone.now, null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=1)
@@ -225,6 +227,20 @@ class Job(models.Model):
     fair_turn = models.FloatField(null=True, blank=True)
     # How much priority aging added to ``priority`` while the job waited (jobs.aging).
     priority_aged = models.SmallIntegerField(default=0, db_default=0)
+    # Dependencies (jobs.dependencies): how many of the job's dependencies are not met
+    # yet, and whether jobs wait for this one (its end must release them, in its
+    # transaction). ``workflow``/``step``: the workflow it is a step of (jobs.workflows).
+    waiting_for = models.IntegerField(default=0, db_default=0)
+    has_dependents = models.BooleanField(default=False, db_default=False)
+    workflow = models.ForeignKey(
+        "Workflow",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="steps",
+        db_index=False,  # job_workflow_idx
+    )
+    step = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     objects = JobQuerySet.as_manager()
 
@@ -314,6 +330,12 @@ class Job(models.Model):
             # A worker's current jobs; every query by worker also says running.
             models.Index(fields=["worker"], name="job_worker_idx", condition=Q(status="running")),
             models.Index(fields=["queue", "status"], name="job_queue_status_idx"),
+            # A workflow's steps (its page, its settling: any step still active?).
+            models.Index(
+                fields=["workflow", "status"],
+                name="job_workflow_idx",
+                condition=Q(workflow__isnull=False),
+            ),
             # The jobs a schedule fired, newest first (``?schedule=``, its history).
             models.Index(
                 fields=["schedule", "-created_at"],
@@ -676,3 +698,63 @@ class MetricCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} @ {self.last_event_id}"
+
+
+class WorkflowStatus(TextChoices):
+    RUNNING = "running", "Running"
+    # A step failed and steps after it wait for an operator (retry the step, or cancel).
+    HELD = "held", "Held"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class OnFailure(TextChoices):
+    """What a dependency's failure (or cancellation) does to the job that waits for it."""
+
+    CANCEL = "cancel", "Cancel the dependent job"
+    RUN = "run", "Run the dependent job anyway"
+    HOLD = "hold", "Hold the dependent job for an operator"
+
+
+class Workflow(models.Model):
+    """Jobs enqueued together with dependencies between them (jobs.workflows)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(
+        max_length=16, choices=WorkflowStatus.choices, default=WorkflowStatus.RUNNING
+    )
+    on_failure = models.CharField(max_length=8, choices=OnFailure.choices, default=OnFailure.CANCEL)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    schedule = models.ForeignKey(
+        "Schedule", null=True, blank=True, on_delete=models.SET_NULL, related_name="workflows"
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["-created_at", "-id"], name="workflow_created_idx")]
+
+    def __str__(self) -> str:
+        return f"workflow {self.name or self.id} ({self.status})"
+
+
+class Dependency(models.Model):
+    """``job`` waits for ``upstream``; ``met`` once the upstream's end released it."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    upstream = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    on_failure = models.CharField(max_length=8, choices=OnFailure.choices, default=OnFailure.CANCEL)
+    met = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "upstream"], name="dependency_job_upstream")
+        ]
+        indexes = [models.Index(fields=["upstream"], name="dependency_upstream_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} after {self.upstream_id}"

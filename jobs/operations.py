@@ -130,6 +130,12 @@ class JobContext:
             self._cancel_event.set()
             raise
 
+    def dependency_results(self) -> dict[str, Any]:
+        """The results of the jobs this one waited for (``depends_on``), by step name or job id."""
+        from jobs.dependencies import dependency_results
+
+        return dependency_results(self.job.id)
+
     def progress(self, current: int, total: int | None = None, message: str | None = None) -> int:
         """Record progress: whole numbers from 0 to ``PROGRESS_MAX``, else ``InvalidProgress``
         (raised here, before any write); a ``current`` above ``total`` is stored as ``total``."""

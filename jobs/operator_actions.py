@@ -73,6 +73,25 @@ def retry_job(
     return refused is None
 
 
+def cancel_workflow(workflow_id: uuid.UUID, *, user: Any, reason: str | None = None) -> int:
+    """Cancel a workflow's queued and running steps (the workflow ``cancelled``), audited.
+
+    Returns how many steps changed (0 when it had already ended; audited too).
+    ``Workflow.DoesNotExist`` when there is no such workflow.
+    """
+    from jobs.models import Workflow
+    from jobs.workflows import cancel_workflow as cancel_steps
+
+    reason = normalise_reason(reason)
+    with transaction.atomic():
+        Workflow.objects.get(pk=workflow_id)
+        changed = cancel_steps(workflow_id, by=audit.actor_name(user), reason=reason or None)
+        audit.record_action(
+            user, audit.CANCEL_WORKFLOW, target=str(workflow_id), count=changed, reason=reason
+        )
+    return changed
+
+
 def requeue_orphan(job_id: uuid.UUID, *, user: Any) -> bool:
     """Requeue a running job whose worker is stale or gone. False if it is no longer orphaned.
 

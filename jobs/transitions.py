@@ -34,6 +34,7 @@ from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from jobs import events, signals
+from jobs.dependencies import Ended, after_retry, release
 from jobs.dialect import Dialect, Now, dialect
 from jobs.exceptions import IllegalTransition, JobCancelled, JobNotFound, LeaseLost
 from jobs.failures import failure_fields
@@ -44,6 +45,7 @@ from jobs.states import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
+    TERMINAL,
     Status,
     check_transition,
     sources_for,
@@ -147,6 +149,7 @@ def move(
     lease_token: uuid.UUID | None = None,
     assign: dict[str, Any] | None = None,
     sources: Sequence[Status] | None = None,
+    follow_up: bool = True,
     using: str = "default",
 ) -> list[Moved]:
     """Move the matching jobs to ``target`` and write ``event`` for each: the one status write.
@@ -159,6 +162,10 @@ def move(
     ``assign`` (values, ``Now``, ``Sql`` or ``Json``), takes each job's next
     event ``seq`` and inserts its event in the same transaction. Returns the
     jobs that moved; none when the guard matched nothing (``move_one`` says why).
+
+    A move to a terminal status is followed up in its transaction
+    (``jobs.dependencies.release``) for the jobs that others wait for or that
+    belong to a workflow; ``follow_up=False`` is for that follow-up's own moves.
     """
     sources = tuple(sources or sources_for(target))
     for source in sources:
@@ -172,6 +179,7 @@ def move(
         where_params=where_params,
         lease_token=lease_token,
         assign=assign,
+        follow_up=follow_up and target in TERMINAL,
         using=using,
     )
 
@@ -234,9 +242,55 @@ def _write(
     lease_token: uuid.UUID | None = None,
     assign: dict[str, Any] | None = None,
     at: datetime | None = None,
+    follow_up: bool = False,
     using: str = "default",
 ) -> list[Moved]:
     """The guarded UPDATE behind ``move`` and ``rewrite``, with its events."""
+    if follow_up:
+        # The end and what it releases commit together (no savepoint inside a caller's).
+        with transaction.atomic(using=using, savepoint=False):
+            return _write_once(
+                status=status,
+                status_in=status_in,
+                event=event,
+                job_ids=job_ids,
+                where=where,
+                where_params=where_params,
+                lease_token=lease_token,
+                assign=assign,
+                at=at,
+                follow_up=True,
+                using=using,
+            )
+    return _write_once(
+        status=status,
+        status_in=status_in,
+        event=event,
+        job_ids=job_ids,
+        where=where,
+        where_params=where_params,
+        lease_token=lease_token,
+        assign=assign,
+        at=at,
+        follow_up=False,
+        using=using,
+    )
+
+
+def _write_once(
+    *,
+    status: Status | None,
+    status_in: tuple[Status, ...],
+    event: Event,
+    job_ids: Sequence[uuid.UUID] | None,
+    where: str,
+    where_params: Sequence[Any],
+    lease_token: uuid.UUID | None,
+    assign: dict[str, Any] | None,
+    at: datetime | None,
+    follow_up: bool,
+    using: str,
+) -> list[Moved]:
     d = dialect(using)
     # PostgreSQL: its own clock, in the statement; SQLite: one instant of this process.
     now = at if at is not None else (None if d.postgres else timezone.now())
@@ -266,10 +320,13 @@ def _write(
     # The outcome's columns only when someone hears it (jobs.signals): else the same statement.
     signal = signals.signal_for(status, event.event)
     heard = signals.wanted(signal)
+    columns = f"id, last_event_seq{_OUTCOME_COLUMNS if heard else ''}"
     update = (
         f"UPDATE {JOB_TABLE} SET {', '.join(sets)} WHERE {' AND '.join(conditions)} "
-        f"RETURNING id, last_event_seq{_OUTCOME_COLUMNS if heard else ''}"
+        f"RETURNING {columns}{_FOLLOW_UP_COLUMNS if follow_up else ''}"
     )
+    if follow_up:
+        columns += ", followed, workflow_id"
     if d.postgres:
         # One statement, atomic on its own: the status change and its event
         # commit together without BEGIN/COMMIT round trips.
@@ -278,9 +335,8 @@ def _write(
             "SELECT id, last_event_seq, statement_timestamp(), %s, %s, %s, %s::jsonb FROM moved"
         )
         statement = (
-            f"WITH moved AS ({update}), written AS ({insert}) "
-            f"SELECT id, last_event_seq{_OUTCOME_COLUMNS} FROM moved"
-            if heard
+            f"WITH moved AS ({update}), written AS ({insert}) SELECT {columns} FROM moved"
+            if heard or follow_up
             else f"WITH moved AS ({update}) {insert} RETURNING job_id, seq"
         )
         with connections[using].cursor() as cursor:
@@ -301,6 +357,14 @@ def _write(
             rows = cursor.fetchall()
             write_events(cursor, d, [(r[0], r[1]) for r in rows], event, now)
     moved = [Moved(d.read_id(r[0]), r[1]) for r in rows]
+    if follow_up and status is not None:
+        ended = [
+            Ended(m.id, status, d.read_uuid(r[-1]))
+            for m, r in zip(moved, rows, strict=True)
+            if r[-2]
+        ]
+        if ended:
+            release(ended, using=using)
     if heard and signal is not None and moved:
         changes = assign or {}
         outcomes = [
@@ -313,13 +377,15 @@ def _write(
 # What ``_write`` also returns when a signal or hook hears the change: enough for
 # ``jobs.signals.JobOutcome`` without another query.
 _OUTCOME_COLUMNS = ", operation, queue, attempts, max_attempts, error_code, error_message"
+# And for an end to follow up (``jobs.dependencies.release``): does anything wait for it?
+_FOLLOW_UP_COLUMNS = ", has_dependents OR workflow_id IS NOT NULL AS followed, workflow_id"
 
 
 def _outcome(
     job_id: uuid.UUID, row: Sequence[Any], status: Status | None, event: Event, assign: dict
 ) -> signals.JobOutcome:
     """A moved row (``_OUTCOME_COLUMNS``) as the outcome its signal carries."""
-    _, _, operation, queue, attempts, max_attempts, error_code, error_message = row
+    _, _, operation, queue, attempts, max_attempts, error_code, error_message = row[:8]
     if assign.get("attempts") is DECREMENT_ATTEMPTS:
         attempts += 1  # the attempt that ran, not the one given back
     result = assign.get("result")
@@ -865,6 +931,7 @@ def retry_job(
                 assign=_retry_assign(),
                 using=using,
             )
+            after_retry([job_id], using=using)
             notify_job_queues([job_id], using=using)
     except IntegrityError as error:
         from jobs.key_holders import key_held_error
@@ -895,6 +962,7 @@ def retry_jobs(
                 ),
                 assign=_retry_assign(),
             )
+            after_retry([m.id for m in moved])
             notify_job_queues([m.id for m in moved])
     except IntegrityError:
         retried = []

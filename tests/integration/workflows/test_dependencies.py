@@ -1,0 +1,180 @@
+"""Dependencies between jobs and workflows, run in the test (``drain_jobs``), both databases."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from django_controlplane.testing import drain_jobs
+from jobs.dependencies import After, dependency_rows
+from jobs.enqueue import JobSpec, enqueue, enqueue_many
+from jobs.exceptions import EnqueueError
+from jobs.models import Job, JobEvent, Workflow
+from jobs.operations import operation
+from jobs.transitions import cancel_job, retry_job
+from jobs.workflows import cancel_workflow, step_counts, workflow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ADD = "wf_tests.add"
+BOOM = "wf_tests.boom"
+SEEN: list[str] = []
+
+
+@operation(ADD, payload_schema={"type": "object"})
+def add(ctx, payload):
+    """Its own number plus the sum of its dependencies' results."""
+    SEEN.append(payload.get("n"))
+    return payload.get("n", 0) + sum(ctx.dependency_results().values())
+
+
+@operation(BOOM, payload_schema={"type": "object"})
+def boom(ctx, payload):
+    raise RuntimeError("boom")
+
+
+@pytest.fixture(autouse=True)
+def _seen():
+    SEEN.clear()
+
+
+def _status(job) -> str:
+    return Job.objects.get(pk=job.pk).status
+
+
+def test_a_job_waits_for_its_dependencies_and_reads_their_results():
+    a = enqueue(ADD, {"n": 1})
+    b = enqueue(ADD, {"n": 2})
+    c = enqueue(ADD, {"n": 10}, depends_on=[a.id, str(b.id)])
+    assert c.run_after is None and c.waiting_for == 2 and c.status == "queued"
+    drain_jobs()
+    assert SEEN == [1, 2, 10]
+    c.refresh_from_db()
+    assert c.status == "succeeded" and c.result == 13
+    assert {r["met"] for r in dependency_rows(c.id)} == {True}
+
+
+def test_a_dependency_already_succeeded_counts_as_met():
+    a = enqueue(ADD, {"n": 1})
+    drain_jobs()
+    c = enqueue(ADD, {"n": 5}, depends_on=[a])
+    assert c.run_after is not None and c.waiting_for == 0
+    drain_jobs()
+    assert _status(c) == "succeeded"
+
+
+def test_failure_cancels_downstream_with_the_reason_and_retry_resumes():
+    a = enqueue(BOOM, {})
+    b = enqueue(ADD, {"n": 1}, depends_on=[a])
+    c = enqueue(ADD, {"n": 2}, depends_on=[b])
+    drain_jobs()
+    assert [_status(j) for j in (a, b, c)] == ["failed", "cancelled", "cancelled"]
+    event = JobEvent.objects.filter(job=b, event="job.cancelled").get()
+    assert event.fields["dependency"] == str(a.id) and "did not succeed" in event.message
+    # The operator retries the failed job: its downstream waits for it again.
+    retry_job(a.id, by="op")
+    assert [_status(j) for j in (a, b, c)] == ["queued", "queued", "queued"]
+    assert Job.objects.get(pk=b.pk).run_after is None
+
+
+def test_run_anyway_and_hold_policies():
+    a = enqueue(BOOM, {})
+    runs = enqueue(ADD, {"n": 3}, depends_on=[After(a, on_failure="run")])
+    held = enqueue(ADD, {"n": 4}, depends_on=[a], on_failure="hold")
+    drain_jobs()
+    assert _status(runs) == "succeeded"
+    held.refresh_from_db()
+    assert held.status == "queued" and held.run_after is None and held.waiting_for == 1
+
+
+def test_cycles_and_bad_references_are_refused_and_nothing_is_stored():
+    before = Job.objects.count()
+    with pytest.raises(EnqueueError) as cycle:
+        enqueue_many(
+            [
+                JobSpec(ADD, {"n": 1}, depends_on=[2]),
+                JobSpec(ADD, {"n": 2}, depends_on=[0]),
+                JobSpec(ADD, {"n": 3}, depends_on=[1]),
+            ]
+        )
+    assert "cycle" in str(cycle.value.errors)
+    with pytest.raises(EnqueueError) as missing:
+        enqueue(ADD, {}, depends_on=[uuid.uuid4()])
+    assert "depends_on" in missing.value.errors
+    with pytest.raises(EnqueueError) as policy:
+        enqueue(ADD, {}, depends_on=[uuid.uuid4()], on_failure="explode")
+    assert "on_failure" in policy.value.errors
+    with pytest.raises(EnqueueError):
+        enqueue(ADD, {}, depends_on="not-a-list")
+    assert Job.objects.count() == before
+
+
+def test_a_workflow_runs_in_order_settles_and_has_a_result():
+    flow = workflow("sum")
+    a = flow.step(ADD, {"n": 1}, name="a")
+    b = flow.step(ADD, {"n": 2}, name="b")
+    flow.step(ADD, {"n": 100}, name="total", depends_on=[a, b])
+    run = flow.enqueue()
+    assert step_counts(run.id)["queued"] == 3
+    drain_jobs()
+    run.refresh_from_db()
+    assert run.status == "succeeded" and run.result == 103 and run.finished_at is not None
+    total = Job.objects.get(workflow=run, step="total")
+    assert total.result == 103
+
+
+def test_a_workflow_refuses_a_cycle_by_name():
+    flow = workflow("loop")
+    flow.step(ADD, {}, name="a", depends_on=["b"])
+    flow.step(ADD, {}, name="b", depends_on=["a"])
+    with pytest.raises(EnqueueError):
+        flow.enqueue()
+    assert not Workflow.objects.filter(name="loop").exists()
+
+
+def test_a_failed_workflow_and_a_held_one():
+    flow = workflow("fails")
+    bad = flow.step(BOOM, {}, name="bad")
+    flow.step(ADD, {"n": 1}, name="after", depends_on=[bad])
+    run = flow.enqueue()
+    drain_jobs()
+    run.refresh_from_db()
+    assert run.status == "failed"
+    assert step_counts(run.id) == {
+        "queued": 0,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 1,
+        "cancelled": 1,
+    }
+    held = workflow("held", on_failure="hold")
+    bad = held.step(BOOM, {}, name="bad")
+    held.step(ADD, {"n": 1}, name="after", depends_on=[bad])
+    run = held.enqueue()
+    drain_jobs()
+    run.refresh_from_db()
+    assert run.status == "held"
+    # Retrying the failed step resumes the workflow from there.
+    retry_job(Job.objects.get(workflow=run, step="bad").id)
+    run.refresh_from_db()
+    assert run.status == "running"
+
+
+def test_cancelling_a_workflow_cancels_its_steps_with_the_reason():
+    flow = workflow("stop me")
+    a = flow.step(ADD, {"n": 1}, name="a")
+    flow.step(ADD, {"n": 2}, name="b", depends_on=[a])
+    run = flow.enqueue()
+    assert cancel_workflow(run.id, by="op", reason="not today") == 2
+    run.refresh_from_db()
+    assert run.status == "cancelled"
+    assert set(Job.objects.filter(workflow=run).values_list("status", flat=True)) == {"cancelled"}
+    assert cancel_workflow(run.id) == 0
+
+
+def test_cancelling_a_dependency_cancels_what_waits_for_it():
+    a = enqueue(ADD, {"n": 1})
+    b = enqueue(ADD, {"n": 2}, depends_on=[a])
+    cancel_job(a.id, by="op")
+    assert _status(b) == "cancelled"
