@@ -178,3 +178,26 @@ def test_cancelling_a_dependency_cancels_what_waits_for_it():
     b = enqueue(ADD, {"n": 2}, depends_on=[a])
     cancel_job(a.id, by="op")
     assert _status(b) == "cancelled"
+
+
+def test_a_workflow_from_json_runs_and_bad_json_names_the_field():
+    from jobs.workflow_specs import start_workflow
+
+    run = start_workflow(
+        {
+            "name": "json",
+            "steps": [
+                {"name": "a", "operation": ADD, "payload": {"n": 1}},
+                {"name": "b", "operation": ADD, "payload": {"n": 2}, "depends_on": ["a"]},
+            ],
+        }
+    )
+    drain_jobs()
+    run.refresh_from_db()
+    assert run.status == "succeeded" and run.result == 3
+    with pytest.raises(EnqueueError) as bad:
+        start_workflow({"steps": [{"operation": ADD, "payload": [1]}, {"operation": "nope"}]})
+    assert set(bad.value.errors) >= {"steps.0.payload", "steps.1.operation"}
+    with pytest.raises(EnqueueError) as unknown:
+        start_workflow({"steps": [{"operation": ADD, "depends_on": ["ghost"]}], "extra": 1})
+    assert "extra" in unknown.value.errors
