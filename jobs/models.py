@@ -512,7 +512,8 @@ class Overlap(TextChoices):
 
 
 class Schedule(models.Model):
-    """Periodic work: an operation and payload enqueued at each fire time.
+    """Periodic work: an operation and payload enqueued at each fire time, or a workflow
+    (``workflow``, the JSON of ``jobs.workflow_specs``; ``operation`` is then "") started.
 
     Fired by the reaper (``jobs.schedules``). ``next_fire_at`` is the next slot
     to fire; each fired slot is a ``ScheduleFire`` row, unique per
@@ -523,8 +524,10 @@ class Schedule(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=200, unique=True)
-    operation = models.CharField(max_length=200)
+    operation = models.CharField(max_length=200, blank=True)
     payload = models.JSONField(default=dict, blank=True)
+    # Exactly one of operation and workflow (a workflow's spec: its steps carry their payloads).
+    workflow = models.JSONField(null=True, blank=True)
     queue = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     priority = models.SmallIntegerField(default=0)
     # Exactly one of cron (5 fields, or 6 with seconds first) and every_seconds.
@@ -553,6 +556,11 @@ class Schedule(models.Model):
                 condition=Q(priority__gte=PRIORITY_MIN) & Q(priority__lte=PRIORITY_MAX),
                 name="schedule_priority_range",
             ),
+            models.CheckConstraint(
+                condition=(~Q(operation="") & Q(workflow__isnull=True))
+                | (Q(operation="") & Q(workflow__isnull=False)),
+                name="schedule_operation_xor_workflow",
+            ),
         ]
         indexes = [
             # The reaper's due scan: live schedules by their next slot.
@@ -577,6 +585,15 @@ class ScheduleFire(models.Model):
     job = models.ForeignKey(
         Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
+    # The workflow a workflow schedule's fire started (``job`` stays NULL then).
+    workflow = models.ForeignKey(
+        "Workflow",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
+    )
 
     class Meta:
         ordering = ["-fire_at"]
@@ -587,7 +604,12 @@ class ScheduleFire(models.Model):
             # Retention deletes jobs by id and clears their fires' ``job`` in the same transaction.
             models.Index(
                 fields=["job"], name="schedulefire_job_idx", condition=Q(job__isnull=False)
-            )
+            ),
+            models.Index(
+                fields=["workflow"],
+                name="schedulefire_workflow_idx",
+                condition=Q(workflow__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
