@@ -526,7 +526,7 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             rows = _update_with_events(cursor, d, update, params, completions, now)
         moved = [d.read_id(r[0]) for r in rows]
-    return moved + _complete_followed(_left_out(completions, moved), using)
+    return moved + complete_followed(left_out(completions, moved), using=using)
 
 
 def _update_with_events(
@@ -544,7 +544,7 @@ def _update_with_events(
     return rows
 
 
-def _left_out(completions: Sequence[Completion], moved: Sequence[uuid.UUID]) -> list[Completion]:
+def left_out(completions: Sequence[Completion], moved: Sequence[uuid.UUID]) -> list[Completion]:
     """The completions a one-statement write did not move: followed jobs, or lost leases."""
     if len(moved) == len(completions):
         return []
@@ -552,9 +552,16 @@ def _left_out(completions: Sequence[Completion], moved: Sequence[uuid.UUID]) -> 
     return [c for c in completions if c.job_id not in done]
 
 
-def _complete_followed(completions: Sequence[Completion], using: str) -> list[uuid.UUID]:
+def complete_followed(
+    completions: Sequence[Completion], *, using: str = "default"
+) -> list[uuid.UUID]:
     """running -> succeeded of jobs whose end releases others, and that release, in one
-    transaction (``jobs.dependencies.release``). Moves nothing for lost leases."""
+    transaction (``jobs.dependencies.release``). Moves nothing for lost leases.
+
+    ``complete_jobs`` calls it for what its one statement left out;
+    ``complete_and_claim`` does not (its claims are committed by then): its
+    caller passes it the completions it did not move (``left_out``).
+    """
     if not completions:
         return []
     d = dialect(using)
@@ -596,9 +603,10 @@ def complete_and_claim(
     """``complete_jobs`` then an uncapped ``claim_jobs``, as one statement: one commit per cycle.
 
     PostgreSQL only (a data-modifying CTE). Returns the ids that moved to
-    ``succeeded`` and the jobs claimed. Both parts keep their own guarantees:
-    each completion is fenced by its lease token, the pick is ``FOR UPDATE
-    SKIP LOCKED`` and every transition writes its event (``job.succeeded``,
+    ``succeeded`` and the jobs claimed; completions of jobs whose end releases
+    others are not moved: write them with ``complete_followed``. Both parts
+    keep their own guarantees: each completion is fenced by its lease token,
+    the pick is ``FOR UPDATE SKIP LOCKED`` and every transition writes its event (``job.succeeded``,
     ``job.started``) with the job's next ``seq``, in the same statement. The
     statement reads one snapshot, so the jobs it completes (running) and the
     jobs it claims (queued) never overlap.
@@ -647,5 +655,4 @@ def complete_and_claim(
         cursor.execute(sql, [*done_params, *claim_params, str(worker_id), runner.host, runner.pid])
         rows = cursor.fetchall()
     moved = [r[0] for r in rows if r[1] is None]
-    moved += _complete_followed(_left_out(completions, moved), using)
     return moved, [_claimed(d, r) for r in rows if r[1] is not None]

@@ -54,8 +54,10 @@ from jobs.claims import (
     Completion,
     claim_jobs,
     complete_and_claim,
+    complete_followed,
     complete_jobs,
     extend_leases,
+    left_out,
 )
 from jobs.clock import check_skew, db_now
 from jobs.exceptions import LeaseLost
@@ -563,8 +565,11 @@ class JobWorker:
             return self._claim_pass()
         if retry:
             self._key_token_due = min(self._key_token_due, time.monotonic() + min(retry))
-        self._finish(batch, moved)
         self._submit_jobs(jobs)
+        left = left_out(batch, moved)
+        if left:
+            batch, moved = self._complete_followed(batch, left, moved)
+        self._finish(batch, moved)
         if not jobs:
             self._queue_settings_read = 0.0  # as in _claim_pass: a queue may have become keyed
         return len(jobs)
@@ -803,6 +808,25 @@ class JobWorker:
                 self._flights.pop(key, None)
         finally:
             self.wake.set()
+
+    def _complete_followed(
+        self, batch: list[Completion], left: list[Completion], moved: list
+    ) -> tuple[list[Completion], list]:
+        """Write the successes a cycle's one statement left out (jobs whose end releases
+        others: ``complete_followed``). Kept for the next cycle when the database is away
+        (the leases are still ours). Returns the batch to finish and what moved."""
+        try:
+            moved = moved + with_db_retry(
+                lambda: complete_followed(left), what="complete_followed", attempts=3
+            )
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            with self._lock:
+                self._completions[:0] = left
+            kept = {c.job_id for c in left}
+            batch = [c for c in batch if c.job_id not in kept]
+        return batch, moved
 
     def _flush_completions(self) -> None:
         """Write every pending success in one transaction (each still fenced by its token)."""
