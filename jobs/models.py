@@ -354,6 +354,12 @@ class Job(models.Model):
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
 
+    def wait(self, timeout: float) -> Job:
+        """This job read again once it has ended, or as it is after ``timeout`` seconds."""
+        from jobs.awaiting import wait_for_job
+
+        return wait_for_job(self.pk, timeout, using=self._state.db or "default")
+
     @property
     def idempotency_key(self) -> str | None:
         """The older name of a key held until retention (``unique_while='until_retention'``)."""
@@ -761,6 +767,12 @@ class Workflow(models.Model):
 
     def __str__(self) -> str:
         return f"workflow {self.name or self.id} ({self.status})"
+
+    def wait(self, timeout: float) -> Workflow:
+        """This workflow read again once it has ended, or as it is after ``timeout`` seconds."""
+        from jobs.awaiting import wait_for_workflow
+
+        return wait_for_workflow(self.pk, timeout, using=self._state.db or "default")
 
 
 class Dependency(models.Model):
