@@ -253,7 +253,8 @@ def link(
         ]
         _mark_new_jobs(cursor, d, marks, set(inside), workflow_id)
     if cancel:
-        _cancel_waiting(cancel, using)
+        # And on down: what waits for them (in this call too), and their workflow.
+        release(_cancel_waiting(cancel, using), using=using)
 
 
 def _lock_upstreams(cursor: Any, d: Dialect, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:

@@ -201,3 +201,15 @@ def test_a_workflow_from_json_runs_and_bad_json_names_the_field():
     with pytest.raises(EnqueueError) as unknown:
         start_workflow({"steps": [{"operation": ADD, "depends_on": ["ghost"]}], "extra": 1})
     assert "extra" in unknown.value.errors
+
+
+def test_a_workflow_on_a_failed_job_is_cancelled_through_and_settles():
+    failed = enqueue(BOOM, {})
+    drain_jobs()
+    flow = workflow("late")
+    first = flow.step(ADD, {"n": 1}, name="first", depends_on=[failed.id])
+    flow.step(ADD, {"n": 2}, name="second", depends_on=[first])
+    run = flow.enqueue()
+    run.refresh_from_db()
+    assert run.status == "failed"
+    assert set(Job.objects.filter(workflow=run).values_list("status", flat=True)) == {"cancelled"}
