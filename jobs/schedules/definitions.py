@@ -2,9 +2,12 @@
 
 ``check_definition`` merges the given values over a base (a PATCH) or the
 defaults (a new schedule) and checks the result as a whole, collecting every
-field's problem at once: the operation exists (``jobs.operations.operation_spec``,
-remote-declared ones included), the payload is storable JSON that passes the
-operation's schema (as at enqueue), exactly one of ``cron`` and
+field's problem at once: exactly one of ``operation`` and ``workflow``; the
+operation exists (``jobs.operations.operation_spec``, remote-declared ones
+included), the payload is storable JSON that passes the operation's schema
+(as at enqueue); or the workflow's steps would start as they are
+(``jobs.schedules.workflow_check``, errors under ``workflow.steps.N.field``),
+with no payload, queue or priority of the schedule's own; exactly one of ``cron`` and
 ``every_seconds``, a known time zone, a priority in range, known
 ``catch_up`` and ``overlap`` policies, and no NUL or lone surrogate in text.
 """
@@ -28,11 +31,14 @@ from jobs.schedules.timing import (
     normalise_cron,
     zone,
 )
+from jobs.schedules.workflow_check import workflow_problems
 from jobs.storable import first_unstorable, text_problem
 
 MAX_NAME_LENGTH = 200
 # What PATCH may change; the name and the operation stay (make a new schedule instead).
+# A workflow schedule's workflow may change; a job schedule does not become one.
 EDITABLE = (
+    "workflow",
     "payload",
     "queue",
     "priority",
@@ -59,8 +65,9 @@ class Definition:
     """What a schedule does and when: the checked values of a ``Schedule`` row."""
 
     name: str
-    operation: str
+    operation: str  # "" for a workflow schedule
     payload: dict[str, Any] = field(default_factory=dict)
+    workflow: dict[str, Any] | None = None
     queue: str | None = None
     priority: int = 0
     cron: str = ""
@@ -127,10 +134,24 @@ def check_definition(values: Mapping[str, Any], *, base: Definition | None = Non
     merged: dict[str, Any] = base.values() if base else {}
     merged.update({k: v for k, v in values.items() if k not in unknown})
 
-    operation = _text(errors, "operation", merged.get("operation"), label="operation name")
+    workflow = merged.get("workflow")
+    operation: str | None = ""
+    if workflow is not None:
+        _check_workflow_schedule(errors, merged, base)
+    elif base is not None and base.workflow is not None:
+        errors["workflow"] = ["A workflow schedule keeps a workflow: give its new steps."]
+    elif merged.get("operation") in (None, "") and base is None:
+        errors["operation"] = [
+            "Give operation (an operation's name) or workflow (a workflow's steps as JSON)."
+        ]
+    else:
+        operation = _text(errors, "operation", merged.get("operation"), label="operation name")
     given_name = merged.get("name")
     if given_name is None and base is None and operation:
         given_name = default_name(operation)
+    elif given_name is None and base is None and workflow is not None:
+        named = workflow.get("name") if isinstance(workflow, dict) else None
+        given_name = default_name(named if isinstance(named, str) and named else "workflow")
     name = _text(errors, "name", given_name, label="schedule name", limit=MAX_NAME_LENGTH)
 
     spec = None
@@ -142,7 +163,9 @@ def check_definition(values: Mapping[str, Any], *, base: Definition | None = Non
 
     payload = merged.get("payload")
     payload = {} if payload is None else payload
-    if not isinstance(payload, dict):
+    if workflow is not None:
+        pass  # refused by _check_workflow_schedule unless empty
+    elif not isinstance(payload, dict):
         errors["payload"] = ["The payload must be a JSON object."]
     elif found := first_unstorable(payload, "payload"):
         errors[found[0]] = [f"The value {found[1]}."]
@@ -200,6 +223,7 @@ def check_definition(values: Mapping[str, Any], *, base: Definition | None = Non
     return replace(
         Definition(name=name, operation=operation),
         payload=payload,
+        workflow=workflow,
         queue=queue,
         priority=priority,
         cron=cron,
@@ -208,3 +232,29 @@ def check_definition(values: Mapping[str, Any], *, base: Definition | None = Non
         catch_up=merged["catch_up"],
         overlap=merged["overlap"],
     )
+
+
+def _check_workflow_schedule(
+    errors: dict[str, list[str]],
+    merged: Mapping[str, Any],
+    base: Definition | None,
+) -> None:
+    """A workflow schedule: no operation, payload, queue or priority of its own; its
+    workflow would start as it is (``workflow_problems``)."""
+    if base is not None and base.workflow is None:
+        errors["workflow"] = [
+            "A schedule of an operation cannot become a workflow schedule: create a new schedule."
+        ]
+        return
+    if merged.get("operation") not in (None, ""):
+        errors["workflow"] = ["Give either operation or workflow, not both."]
+        return
+    own = {
+        "payload": merged.get("payload") not in (None, {}),
+        "queue": merged.get("queue") is not None,
+        "priority": merged.get("priority", 0) != 0,
+    }
+    for key, given in own.items():
+        if given:
+            errors[key] = [f"A workflow schedule has no {key} of its own: set it on each step."]
+    errors.update(workflow_problems(merged.get("workflow")))

@@ -9,12 +9,16 @@ schedules instead of waiting) and, for each slot it fires:
    only the process whose row went in goes on; another one that fired the
    same slot sees no row come back and enqueues nothing;
 2. enqueues the job (``Job.schedule`` set, its ``job.enqueued`` event naming
-   the schedule) — or, with ``overlap = skip`` while an earlier run of the
-   schedule is still queued or running, records ``skipped_overlap`` instead;
+   the schedule), or for a workflow schedule starts the workflow
+   (``jobs.workflow_specs.start_workflow``, ``Workflow.schedule`` set, the
+   fire row naming it) — or, with ``overlap = skip`` while an earlier run of
+   the schedule is still active (a job queued or running; a workflow running
+   or held for an operator), records ``skipped_overlap`` instead;
 3. moves ``next_fire_at`` past now and sets ``last_fire_at``.
 
 All of it commits together or not at all, so the unique row, not timing,
-is what makes a slot fire exactly once.
+is what makes a slot fire exactly once: a workflow's row and all its steps
+included.
 
 Missed slots (no reaper ran) follow the schedule's ``catch_up``:
 
@@ -58,9 +62,20 @@ from jobs.dialect import dialect
 from jobs.enqueue import enqueue
 from jobs.events import JOB_ENQUEUED
 from jobs.exceptions import EnqueueError
-from jobs.models import CatchUp, EventLevel, Job, JobEvent, Overlap, Schedule, ScheduleFire
+from jobs.models import (
+    CatchUp,
+    EventLevel,
+    Job,
+    JobEvent,
+    Overlap,
+    Schedule,
+    ScheduleFire,
+    Workflow,
+)
 from jobs.schedules.timing import Timing, TimingError
 from jobs.states import ACTIVE
+from jobs.workflow_specs import start_workflow
+from jobs.workflows import ACTIVE_WORKFLOW
 
 log = logging.getLogger("jobs.schedules")
 
@@ -206,11 +221,7 @@ def fire_slot(
     together. Returns the outcome recorded on the ``ScheduleFire`` row.
     ``run_now`` fires ignore the overlap policy (an operator asked).
     """
-    if (
-        outcome == ENQUEUED
-        and schedule.overlap == Overlap.SKIP
-        and Job.objects.filter(schedule_id=schedule.pk, status__in=ACTIVE).exists()
-    ):
+    if outcome == ENQUEUED and schedule.overlap == Overlap.SKIP and still_active(schedule):
         outcome = SKIPPED_OVERLAP
     fire_id = claim_slot(schedule.pk, fire_at, now, outcome)
     if fire_id is None:
@@ -219,7 +230,7 @@ def fire_slot(
         log.info("schedule.skipped_overlap name=%s fire_at=%s", schedule.name, fire_at.isoformat())
         return outcome
     try:
-        enqueue_for(schedule, fire_at, fire_id=fire_id)
+        start_for(schedule, fire_at, fire_id=fire_id)
     except EnqueueError as error:
         if outcome == RUN_NOW:
             raise
@@ -233,6 +244,39 @@ def fire_slot(
         ScheduleFire.objects.filter(pk=fire_id).update(outcome=ENQUEUE_FAILED)
         return ENQUEUE_FAILED
     return outcome
+
+
+def still_active(schedule: Schedule) -> bool:
+    """Whether an earlier run of the schedule is active: for ``overlap = skip``.
+
+    A job schedule's job queued or running; a workflow schedule's workflow
+    running or held (a failed step waits for an operator: not over yet).
+    """
+    if schedule.workflow is not None:
+        return Workflow.objects.filter(schedule_id=schedule.pk, status__in=ACTIVE_WORKFLOW).exists()
+    return Job.objects.filter(schedule_id=schedule.pk, status__in=ACTIVE).exists()
+
+
+def start_for(
+    schedule: Schedule, fire_at: datetime, *, fire_id: int | None = None
+) -> Job | Workflow:
+    """What one fire of ``schedule`` makes: its job, or for a workflow schedule its workflow.
+
+    Call inside the transaction that claimed the slot: what is made commits
+    with the claim or not at all.
+    """
+    if schedule.workflow is None:
+        return enqueue_for(schedule, fire_at, fire_id=fire_id)
+    run = start_workflow(schedule.workflow, schedule=schedule.pk)
+    if fire_id is not None:
+        ScheduleFire.objects.filter(pk=fire_id).update(workflow=run)
+    log.info(
+        "schedule.workflow_started name=%s fire_at=%s workflow=%s",
+        schedule.name,
+        fire_at.isoformat(),
+        run.pk,
+    )
+    return run
 
 
 def enqueue_for(schedule: Schedule, fire_at: datetime, *, fire_id: int | None = None) -> Job:

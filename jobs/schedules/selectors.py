@@ -23,6 +23,9 @@ class FireRow:
     outcome: str
     job: uuid.UUID | None
     job_status: str | None
+    # A workflow schedule's fire: the workflow it started, and its status.
+    workflow: uuid.UUID | None = None
+    workflow_status: str | None = None
 
 
 def _newest_fire(field: str, output_field: Field | None = None) -> Subquery:
@@ -35,23 +38,31 @@ def _newest_fire(field: str, output_field: Field | None = None) -> Subquery:
 
 
 def schedules_with_outcome() -> QuerySet[Schedule]:
-    """Every schedule, by name, with ``last_outcome`` and ``last_job`` of its newest fire.
+    """Every schedule, by name, with ``last_outcome``, ``last_job`` and ``last_workflow``
+    of its newest fire.
 
     ``last_outcome`` is the newest fire's job status (``queued``, ``succeeded``,
-    ``failed``…) or, for a fire without a job, its outcome (``skipped_overlap``,
+    ``failed``…), its workflow's status (``running``, ``held``…) for a workflow
+    schedule, or, for a fire that made neither, its outcome (``skipped_overlap``,
     ``enqueue_failed``); None before the first fire. The unique (schedule,
-    fire_at) index serves both lookups.
+    fire_at) index serves every lookup.
     """
     return Schedule.objects.order_by("name").annotate(
         newest_outcome=_newest_fire("outcome"),
         last_job=_newest_fire("job_id", UUIDField()),
         last_job_status=_newest_fire("job__status"),
+        last_workflow=_newest_fire("workflow_id", UUIDField()),
+        last_workflow_status=_newest_fire("workflow__status"),
     )
 
 
 def last_outcome(schedule: Any) -> str | None:
     """The outcome an annotated schedule shows (see ``schedules_with_outcome``)."""
-    return getattr(schedule, "last_job_status", None) or getattr(schedule, "newest_outcome", None)
+    return (
+        getattr(schedule, "last_job_status", None)
+        or getattr(schedule, "last_workflow_status", None)
+        or getattr(schedule, "newest_outcome", None)
+    )
 
 
 def schedule_list() -> list[Schedule]:
@@ -68,10 +79,19 @@ def schedule_get(schedule_id: uuid.UUID | str) -> Schedule | None:
 
 
 def schedule_history(schedule_id: uuid.UUID, limit: int = HISTORY) -> list[FireRow]:
-    """The newest ``limit`` fires of a schedule, newest first, with their jobs' states."""
+    """The newest ``limit`` fires of a schedule, newest first, with their jobs' (or
+    workflows') states."""
     rows = (
         ScheduleFire.objects.filter(schedule_id=schedule_id)
         .order_by("-fire_at")
-        .values_list("fire_at", "fired_at", "outcome", "job_id", "job__status")[:limit]
+        .values_list(
+            "fire_at",
+            "fired_at",
+            "outcome",
+            "job_id",
+            "job__status",
+            "workflow_id",
+            "workflow__status",
+        )[:limit]
     )
     return [FireRow(*row) for row in rows]

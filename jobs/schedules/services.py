@@ -22,7 +22,7 @@ from django.db import IntegrityError, transaction
 from jobs import audit
 from jobs.clock import db_now
 from jobs.exceptions import ControlPlaneError
-from jobs.models import Job, Schedule
+from jobs.models import Job, Schedule, Workflow
 from jobs.schedules.definitions import (
     EDITABLE,
     TIMING_FIELDS,
@@ -30,7 +30,7 @@ from jobs.schedules.definitions import (
     ScheduleInvalid,
     check_definition,
 )
-from jobs.schedules.firing import RUN_NOW, claim_slot, enqueue_for
+from jobs.schedules.firing import RUN_NOW, claim_slot, start_for
 from jobs.schedules.timing import Timing
 
 API = "api"
@@ -71,6 +71,13 @@ def _record(by: Any, action: str, schedule: Schedule, reason: str = "", **detail
     )
 
 
+def _what(schedule: Schedule) -> dict[str, str]:
+    """What the schedule fires, for its audit rows: the operation, or the workflow's name."""
+    if schedule.workflow is None:
+        return {"operation": schedule.operation}
+    return {"workflow": str(schedule.workflow.get("name") or "")}
+
+
 def create_schedule(
     values: dict[str, Any],
     *,
@@ -93,7 +100,7 @@ def create_schedule(
                 paused=paused,
                 next_fire_at=definition.timing.next_after(now),
             )
-            _record(by, audit.SCHEDULE_CREATE, schedule, operation=schedule.operation)
+            _record(by, audit.SCHEDULE_CREATE, schedule, **_what(schedule))
     except IntegrityError:
         if Schedule.objects.filter(name=definition.name).exists():
             raise ScheduleInvalid(
@@ -141,7 +148,7 @@ def delete_schedule(schedule_id: uuid.UUID | str, *, by: Any = None) -> None:
         schedule = _locked(schedule_id)
         if schedule.source == CODE:
             raise ScheduleInCode(schedule)
-        _record(by, audit.SCHEDULE_DELETE, schedule, operation=schedule.operation)
+        _record(by, audit.SCHEDULE_DELETE, schedule, **_what(schedule))
         schedule.delete()
 
 
@@ -180,8 +187,9 @@ def run_schedule_now(
     by: Any = None,
     now: datetime | None = None,
     reason: str = "",
-) -> Job:
-    """Fire once now, paused or not and whatever the overlap policy; the job it enqueued.
+) -> Job | Workflow:
+    """Fire once now, paused or not and whatever the overlap policy; the job it enqueued
+    (for a workflow schedule: the workflow it started).
 
     Recorded as a ``run_now`` fire at this instant; the schedule's own slots
     are untouched. ``EnqueueError`` (the operation is gone, the payload no
@@ -198,10 +206,10 @@ def run_schedule_now(
             fire_at = fire_at + timedelta(microseconds=1)
         if fire_id is None:
             raise ScheduleInvalid({"schedule": ["The schedule fired at this instant; try again."]})
-        job = enqueue_for(schedule, fire_at)
-        schedule.fires.filter(pk=fire_id).update(job=job)
+        made = start_for(schedule, fire_at, fire_id=fire_id)
         if schedule.last_fire_at is None or fire_at > schedule.last_fire_at:
             Schedule.objects.filter(pk=schedule.pk).update(last_fire_at=fire_at)
             schedule.last_fire_at = fire_at
-        _record(by, audit.SCHEDULE_RUN, schedule, reason, job=str(job.pk))
-    return job
+        kind = "workflow" if isinstance(made, Workflow) else "job"
+        _record(by, audit.SCHEDULE_RUN, schedule, reason, **{kind: str(made.pk)})
+    return made
