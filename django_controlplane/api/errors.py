@@ -48,6 +48,7 @@ API_PREFIXES = (
     "workers",
     "operations",
     "schedules",
+    "workflows",
     "schema",
     "metrics",
 )

@@ -1,7 +1,8 @@
 """JSON shapes of the schedule routes (docs/schedules.md).
 
 The input serializers check types and refuse unknown fields; the rules
-(operation exists, payload schema, cron xor every_seconds, time zone, …) are
+(operation xor workflow, operation exists, payload schema, the workflow's
+steps, cron xor every_seconds, time zone, …) are
 ``jobs.schedules.definitions.check_definition``'s.
 """
 
@@ -12,7 +13,7 @@ from typing import Any
 from rest_framework import serializers
 
 from django_controlplane.api.serializers import StrictSerializer
-from jobs.models import CatchUp, Overlap, Schedule
+from jobs.models import CatchUp, Overlap, Schedule, Workflow, WorkflowStatus
 from jobs.schedules.firing import OUTCOMES
 from jobs.schedules.selectors import FireRow, last_outcome
 from jobs.selectors import STATES
@@ -30,12 +31,21 @@ class FireSerializer(serializers.Serializer):
     job_status = serializers.ChoiceField(
         choices=list(STATES), allow_null=True, help_text="Null once the job is gone."
     )
+    workflow = serializers.UUIDField(
+        allow_null=True, help_text="A workflow schedule's fire: the workflow it started."
+    )
+    workflow_status = serializers.ChoiceField(choices=WorkflowStatus.values, allow_null=True)
 
 
 class ScheduleSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     name = serializers.CharField()
-    operation = serializers.CharField()
+    operation = serializers.CharField(allow_null=True, help_text="Null for a workflow schedule.")
+    workflow = serializers.JSONField(
+        allow_null=True,
+        help_text="What a workflow schedule starts at each fire (the JSON of POST "
+        "/workflows); null for a schedule of an operation.",
+    )
     payload = serializers.JSONField()
     queue = serializers.CharField(allow_null=True, help_text="Null: the operation's queue.")
     priority = serializers.IntegerField()
@@ -56,6 +66,9 @@ class ScheduleSerializer(serializers.Serializer):
         "(skipped_overlap, enqueue_failed); null before the first fire.",
     )
     last_job = serializers.UUIDField(allow_null=True)
+    last_workflow = serializers.UUIDField(
+        allow_null=True, help_text="The workflow the newest fire started (workflow schedules)."
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 
@@ -73,7 +86,8 @@ def schedule_json(schedule: Schedule, history: list[FireRow] | None = None) -> d
     data = {
         "id": schedule.pk,
         "name": schedule.name,
-        "operation": schedule.operation,
+        "operation": schedule.operation or None,
+        "workflow": schedule.workflow,
         "payload": schedule.payload,
         "queue": schedule.queue,
         "priority": schedule.priority,
@@ -88,6 +102,7 @@ def schedule_json(schedule: Schedule, history: list[FireRow] | None = None) -> d
         "last_fire_at": schedule.last_fire_at,
         "last_outcome": last_outcome(schedule),
         "last_job": getattr(schedule, "last_job", None),
+        "last_workflow": getattr(schedule, "last_workflow", None),
         "created_at": schedule.created_at,
         "updated_at": schedule.updated_at,
     }
@@ -117,6 +132,13 @@ class NumberField(serializers.FloatField):
 
 
 class _ScheduleFields(StrictSerializer):
+    workflow = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text="Instead of operation: the workflow each fire starts, as POST /workflows "
+        "takes it ({name?, on_failure?, steps: [...]}); errors name workflow.steps.N.field. "
+        "A workflow schedule has no payload, queue or priority of its own.",
+    )
     payload = serializers.JSONField(
         required=False, help_text="A JSON object checked against the operation's schema."
     )
@@ -154,9 +176,33 @@ class ScheduleCreateSerializer(_ScheduleFields):
     name = serializers.CharField(
         required=False, max_length=200, help_text="Unique; default '<operation>-<8 hex>'."
     )
-    operation = serializers.CharField(max_length=200)
+    operation = serializers.CharField(
+        required=False, max_length=200, help_text="Exactly one of operation and workflow."
+    )
     paused = serializers.BooleanField(required=False, help_text="Create it paused.")
 
 
 class ScheduleUpdateSerializer(_ScheduleFields):
     """The fields PATCH may change: a new timing fires from the first slot after now."""
+
+
+class StartedWorkflowSerializer(serializers.Serializer):
+    """The workflow a workflow schedule's run now started (GET /workflows/<id> has the rest)."""
+
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    status = serializers.ChoiceField(choices=WorkflowStatus.values)
+    schedule = serializers.UUIDField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+def started_workflow_json(run: Workflow) -> dict[str, Any]:
+    return StartedWorkflowSerializer(
+        {
+            "id": run.pk,
+            "name": run.name,
+            "status": run.status,
+            "schedule": run.schedule_id,
+            "created_at": run.created_at,
+        }
+    ).data

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer
 from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
@@ -26,10 +26,12 @@ from django_controlplane.api.schedule_serializers import (
     SchedulePageSerializer,
     ScheduleSerializer,
     ScheduleUpdateSerializer,
+    StartedWorkflowSerializer,
     schedule_json,
+    started_workflow_json,
 )
 from django_controlplane.api.serializers import JobSerializer
-from jobs.models import Job, Schedule
+from jobs.models import Job, Schedule, Workflow
 from jobs.schedules import selectors, services
 from jobs.schedules.definitions import ScheduleInvalid
 
@@ -83,8 +85,8 @@ class ScheduleListView(ApiView):
     @extend_schema(
         operation_id="schedules_create",
         summary="Create a schedule",
-        description="Exactly one of cron and every_seconds. Its first fire is the first slot "
-        "after now.",
+        description="Exactly one of operation and workflow, and one of cron and every_seconds. "
+        "Its first fire is the first slot after now.",
         request=ScheduleCreateSerializer,
         responses={201: ScheduleSerializer, **error_responses(400, 401, 403, 413)},
         tags=TAGS,
@@ -181,14 +183,23 @@ class ScheduleRunView(ApiView):
         operation_id="schedules_run",
         summary="Fire a schedule once now",
         description="Paused or not, whatever its overlap policy; its own slots are untouched. "
-        "Answers the job it enqueued.",
+        "Answers the job it enqueued, or for a workflow schedule the workflow it started.",
         parameters=[SCHEDULE_ID],
         request=None,
-        responses={201: JobSerializer, **error_responses(400, 401, 403, 404)},
+        responses={
+            201: PolymorphicProxySerializer(
+                component_name="ScheduleRun",
+                serializers=[JobSerializer, StartedWorkflowSerializer],
+                resource_type_field_name=None,
+            ),
+            **error_responses(400, 401, 403, 404),
+        },
         tags=TAGS,
     )
     def post(self, request: Request, schedule_id: str) -> Response:
-        job = _act(lambda: services.run_schedule_now(schedule_id, by=request.user))
+        made = _act(lambda: services.run_schedule_now(schedule_id, by=request.user))
+        if isinstance(made, Workflow):
+            return Response(started_workflow_json(made), status=status.HTTP_201_CREATED)
         return Response(
-            JobSerializer(Job.objects.get(pk=job.pk)).data, status=status.HTTP_201_CREATED
+            JobSerializer(Job.objects.get(pk=made.pk)).data, status=status.HTTP_201_CREATED
         )

@@ -23,8 +23,9 @@ from rest_framework.fields import SkipField
 from rest_framework.relations import PKOnlyObject
 from rest_framework.settings import api_settings
 
+from jobs.dependencies import MAX_DEPENDENCIES
 from jobs.flow_keys import MAX_KEYS
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, OnFailure
 from jobs.retry_policy import OVERRIDE_FIELDS, STRATEGIES
 from jobs.selectors import STATES
 from jobs.storable import MAX_DEPTH, first_unstorable
@@ -112,6 +113,20 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="How much priority aging (PRIORITY_AGING_SECONDS) added to 'priority' while "
         "the job waited; 0 when none.",
     )
+    workflow = serializers.UUIDField(
+        source="workflow_id",
+        read_only=True,
+        allow_null=True,
+        help_text="The workflow it is a step of (GET /workflows/<id>), or null.",
+    )
+    step = serializers.CharField(
+        read_only=True, help_text="Its step's name in its workflow, or '' outside one."
+    )
+    waiting_for = serializers.IntegerField(
+        read_only=True,
+        help_text="How many of its dependencies are not met yet (GET /jobs/<id>/dependencies); "
+        "run_after is null while this is above 0.",
+    )
 
     # The model's properties among the fields, and fields that read the whole row, as SQL
     # (``sql_document``).
@@ -156,6 +171,9 @@ class JobSerializer(serializers.ModelSerializer):
             "retry_laters",
             "keys",
             "priority_aged",
+            "workflow",
+            "step",
+            "waiting_for",
         ]
         read_only_fields = fields
 
@@ -265,6 +283,22 @@ class EnqueueSerializer(StrictSerializer):
         'strings such as ["account:42", "api:7"], or templates filled from the payload '
         '("account:{account_id}"). Keys limit how many of their jobs run at once and how '
         "fast they start (GET /keys), and take turns in their queue.",
+    )
+    depends_on = serializers.ListField(
+        child=serializers.UUIDField(),
+        required=False,
+        allow_null=True,
+        max_length=MAX_DEPENDENCIES,
+        help_text="Ids of jobs this one waits for: it is claimable once they have all "
+        "succeeded (run_after null until then). No run_after or unique_key with it.",
+    )
+    on_failure = serializers.ChoiceField(
+        choices=OnFailure.values,
+        required=False,
+        allow_null=True,
+        help_text="What a dependency's failure or cancellation does to this job: cancel it "
+        "(the default, with the reason in its timeline), run it anyway, or hold it for an "
+        "operator.",
     )
 
     def validate_keys(self, value: Any) -> Any:

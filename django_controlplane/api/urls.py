@@ -16,7 +16,9 @@ from django_controlplane.api import (
     schema,
     views,
     worker_views,
+    workflow_views,
 )
+from django_controlplane.api.long_poll import long_poll_view
 from django_controlplane.api.metrics_view import MetricsView
 
 
@@ -32,11 +34,28 @@ urlpatterns = [
     *both("jobs", views.JobListView.as_view(), "job-list"),
     *both("jobs/cancel", views.BulkCancelView.as_view(), "job-bulk-cancel"),
     *both("jobs/retry", views.BulkRetryView.as_view(), "job-bulk-retry"),
-    *both("jobs/<str:job_id>", views.JobDetailView.as_view(), "job-detail"),
+    # Async (long_poll_view): ``?wait=S`` parks on the event loop until the job ends.
+    *both("jobs/<str:job_id>", long_poll_view(views.JobDetailView), "job-detail"),
     *both("jobs/<str:job_id>/events", views.JobEventsView.as_view(), "job-events"),
     *both("jobs/<str:job_id>/logs", log_views.JobLogsView.as_view(), "job-logs"),
     *both("jobs/<str:job_id>/cancel", views.JobCancelView.as_view(), "job-cancel"),
     *both("jobs/<str:job_id>/retry", views.JobRetryView.as_view(), "job-retry"),
+    *both(
+        "jobs/<str:job_id>/dependencies",
+        workflow_views.JobDependenciesView.as_view(),
+        "job-dependencies",
+    ),
+    *both("workflows", workflow_views.WorkflowListView.as_view(), "workflow-list"),
+    *both(
+        "workflows/<str:workflow_id>",
+        long_poll_view(workflow_views.WorkflowDetailView),
+        "workflow-detail",
+    ),
+    *both(
+        "workflows/<str:workflow_id>/cancel",
+        workflow_views.WorkflowCancelView.as_view(),
+        "workflow-cancel",
+    ),
     *both("queues", queue_views.QueueListView.as_view(), "queue-list"),
     *both("queues/<str:name>", queue_views.QueueDetailView.as_view(), "queue-detail"),
     *both("queues/<str:name>/pause", queue_views.QueuePauseView.as_view(), "queue-pause"),

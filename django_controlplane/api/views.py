@@ -33,6 +33,7 @@ from django_controlplane.api.base import (
 )
 from django_controlplane.api.defaults import extend_schema
 from django_controlplane.api.errors import error_response
+from django_controlplane.api.long_poll import WAIT_PARAMETER, park
 from django_controlplane.api.permissions import ADD, CHANGE, REMOTE, VIEW
 from django_controlplane.api.serializers import (
     BulkActionSerializer,
@@ -50,6 +51,8 @@ from django_controlplane.api.serializers import (
     sql_document,
     validated,
 )
+from django_controlplane.api.waiters import JOB, JOB_ENDED
+from django_controlplane.api.workflow_reads import with_workflow
 from django_controlplane.remote import views as remote_views
 from jobs import operator_actions, replica, selectors
 from jobs.enqueue import enqueue
@@ -65,7 +68,7 @@ TIMEOUT_MESSAGE = (
 
 
 class JobListView(ApiView):
-    query_parameters = (*selectors.FILTER_KEYS, "cursor", "limit", "count")
+    query_parameters = (*selectors.FILTER_KEYS, "workflow", "cursor", "limit", "count")
     required_permissions = {"GET": VIEW, "POST": ADD}
 
     @extend_schema(
@@ -73,6 +76,9 @@ class JobListView(ApiView):
         summary="List jobs, newest first",
         parameters=[
             *FILTER_PARAMETERS,
+            OpenApiParameter(
+                "workflow", OpenApiTypes.UUID, description="The steps of this workflow."
+            ),
             OpenApiParameter("cursor", OpenApiTypes.STR, description="From the previous 'next'."),
             OpenApiParameter(
                 "limit",
@@ -110,6 +116,12 @@ class JobListView(ApiView):
     def _list(self, request: Request, *, bounded: bool) -> HttpResponseBase:
         params = request.query_params
         filters = selectors.job_filters_from_query(params)
+        workflow = params.get("workflow")
+        if workflow not in (None, ""):
+            found = selectors.parse_uuid(workflow)
+            if found is None:
+                raise ValidationError({"workflow": ["The workflow must be a workflow id."]})
+            filters = with_workflow(filters, found)
         limit = selectors.parse_limit(
             params.get("limit"),
             default=selectors.DEFAULT_PAGE_SIZE,
@@ -168,18 +180,26 @@ class JobListView(ApiView):
 
 
 class JobDetailView(ApiView):
+    """``GET /jobs/<id>``, served by ``long_poll_view``: ``?wait=S`` answers when it ends."""
+
+    query_parameters = ("wait",)
     required_permissions = {"GET": VIEW}
 
     @extend_schema(
         operation_id="jobs_retrieve",
         summary="One job, with its children counted by state",
-        parameters=[JOB_ID],
-        responses={200: JobDetailSerializer, **error_responses(401, 403, 404)},
+        description=(
+            "With ?wait=S, answers the moment the job ends (succeeded, failed or "
+            "cancelled), or after S seconds with its state then."
+        ),
+        parameters=[JOB_ID, WAIT_PARAMETER],
+        responses={200: JobDetailSerializer, **error_responses(400, 401, 403, 404)},
     )
     def get(self, request: Request, job_id: str) -> Response:
         job = self.job_or_404(job_id)
         job.children_counts = selectors.job_children_counts(job.pk)
-        return Response(represent(JobDetailSerializer, job))
+        response = Response(represent(JobDetailSerializer, job))
+        return park(request, response, JOB, job.pk, job.status in JOB_ENDED)
 
 
 # The timeline's cursor: every page of a job's events (``/events``, ``/logs``) takes it.

@@ -1,0 +1,138 @@
+"""``?wait=S`` on a read route: answer the moment the job (or workflow) ends, or after S seconds.
+
+The route's view is async (``long_poll_view``), so the web process's
+dispatcher serves it on the event loop (``django_controlplane.web.dispatch``).
+Its reads are the route's ordinary DRF view, run as a blocking step on the web
+threads (``run_blocking``: the step's connection goes back to the pool at
+once), exactly as the parked claim runs its attempts
+(``django_controlplane.remote.claim_view``). When the DRF view finds the
+object still active and was asked to wait, it marks its response
+(``park``); the async view then parks on the process's end waiters
+(``django_controlplane.api.waiters``) holding no thread and no database
+connection, and reads again (the DRF view once more: authentication,
+permission and error shape as always) when woken or when the wait is up.
+
+The async path of the dispatcher runs no middleware, so the blocking step
+gives the request its session and user itself (``with_session``): a signed-in
+operator long-polls as a token does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from django_controlplane.api.waiters import end_waiters
+from django_controlplane.web.dispatch import RECEIVED_AT
+from django_controlplane.web.overload import BUSY_MESSAGE, unavailable_response
+from django_controlplane.web.threads import Busy, run_blocking
+
+MAX_WAIT_SECONDS = 60.0
+WAIT_PARAMETER = OpenApiParameter(
+    "wait",
+    OpenApiTypes.NUMBER,
+    description=f"Seconds, above 0 and at most {MAX_WAIT_SECONDS:g}: answer the moment it "
+    "ends (succeeded, failed or cancelled), or when the wait is up with its state then. "
+    "The request holds no database connection while it waits.",
+)
+SESSION_MIDDLEWARE = "django.contrib.sessions.middleware.SessionMiddleware"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+
+
+@dataclass(frozen=True)
+class Park:
+    """What a DRF view asks of its async wrapper: wait for ``kind`` ``id`` to end."""
+
+    kind: str
+    id: uuid.UUID
+    seconds: float
+
+
+def wait_seconds(request: Request) -> float | None:
+    """The ``wait`` query parameter (None without one); a 400 naming it when it is bad."""
+    raw = request.query_params.get("wait")
+    if raw is None or raw == "":
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_WAIT_SECONDS:
+        raise ValidationError(
+            {
+                "wait": [
+                    f"'wait' must be a number of seconds above 0 and at most {MAX_WAIT_SECONDS:g}."
+                ]
+            }
+        )
+    return seconds
+
+
+def park(
+    request: Request, response: Response, kind: str, object_id: uuid.UUID, ended: bool
+) -> Response:
+    """Mark ``response`` for its wrapper to wait, when asked to, the object is still active, and
+    this is the first read (the read after waiting answers whatever it finds)."""
+    seconds = wait_seconds(request)
+    if seconds is not None and not ended and not getattr(request._request, "long_poll_done", False):
+        response.long_poll = Park(kind, object_id, seconds)
+    return response
+
+
+def with_session(request: HttpRequest) -> None:
+    """Give a request that skipped the middleware its session and user (a signed-in operator's
+    long-poll), as ``SessionMiddleware`` and ``AuthenticationMiddleware`` would."""
+    if not hasattr(request, "session") and SESSION_MIDDLEWARE in settings.MIDDLEWARE:
+        from django.contrib.sessions.middleware import SessionMiddleware
+
+        SessionMiddleware(lambda r: HttpResponse()).process_request(request)
+    if not hasattr(request, "user") and AUTH_MIDDLEWARE in settings.MIDDLEWARE:
+        from django.contrib.auth.middleware import AuthenticationMiddleware
+
+        AuthenticationMiddleware(lambda r: HttpResponse()).process_request(request)
+
+
+def long_poll_view(drf_view: type[Any]) -> Any:
+    """The async view of a DRF read view that may ``park`` its response."""
+    inner = drf_view.as_view()
+
+    def read_once(request: HttpRequest, kwargs: dict[str, Any]) -> HttpResponse:
+        with_session(request)
+        response = inner(request, **kwargs)
+        return response.render() if hasattr(response, "render") else response
+
+    async def read(request: HttpRequest, kwargs: dict[str, Any]) -> HttpResponse:
+        try:
+            return await run_blocking(read_once, request, kwargs)
+        except Busy:
+            return unavailable_response(BUSY_MESSAGE)
+
+    async def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        loop = asyncio.get_running_loop()
+        arrived = getattr(request, "scope", {}).get(RECEIVED_AT, loop.time())
+        response = await read(request, kwargs)
+        parked: Park | None = getattr(response, "long_poll", None)
+        if parked is None:
+            return response
+        remaining = arrived + parked.seconds - loop.time()
+        await end_waiters.wait(parked.kind, parked.id, remaining)
+        request.long_poll_done = True  # type: ignore[attr-defined]
+        return await read(request, kwargs)
+
+    view = csrf_exempt(view)
+    # For drf-spectacular: /schema describes the route from the DRF view.
+    view.cls = drf_view  # type: ignore[attr-defined]
+    view.initkwargs = {}  # type: ignore[attr-defined]
+    return view
