@@ -37,6 +37,8 @@ KEYS = CONTRACT_KEYS | {
     "source",
     "last_outcome",
     "last_job",
+    "workflow",
+    "last_workflow",
     "created_at",
     "updated_at",
 }
