@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from jobs import audit, transitions
 from jobs.exceptions import ControlPlaneError, JobNotFound
@@ -28,6 +28,7 @@ from jobs.states import RUNNING, TERMINAL
 from jobs.wakeups import notify_queues
 
 REASON_MAX = 500
+DEADLOCK_ATTEMPTS = 3
 
 
 def normalise_reason(reason: str | None) -> str:
@@ -83,13 +84,29 @@ def cancel_workflow(workflow_id: uuid.UUID, *, user: Any, reason: str | None = N
     from jobs.workflows import cancel_workflow as cancel_steps
 
     reason = normalise_reason(reason)
-    with transaction.atomic():
-        Workflow.objects.get(pk=workflow_id)
-        changed = cancel_steps(workflow_id, by=audit.actor_name(user), reason=reason or None)
-        audit.record_action(
-            user, audit.CANCEL_WORKFLOW, target=str(workflow_id), count=changed, reason=reason
-        )
-    return changed
+    attempt = 0
+    while True:
+        try:
+            with transaction.atomic():
+                Workflow.objects.get(pk=workflow_id)
+                changed = cancel_steps(
+                    workflow_id, by=audit.actor_name(user), reason=reason or None
+                )
+                audit.record_action(
+                    user,
+                    audit.CANCEL_WORKFLOW,
+                    target=str(workflow_id),
+                    count=changed,
+                    reason=reason,
+                )
+            return changed
+        except OperationalError as error:
+            # Steps ending meanwhile lock their jobs, then the workflow; this locks the
+            # workflow, then its steps. PostgreSQL breaks such a cycle: try again.
+            attempt += 1
+            deadlock = getattr(error.__cause__, "sqlstate", None) == "40P01"
+            if not deadlock or attempt >= DEADLOCK_ATTEMPTS:
+                raise
 
 
 def requeue_orphan(job_id: uuid.UUID, *, user: Any) -> bool:
