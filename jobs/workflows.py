@@ -26,9 +26,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.models import Exists, OuterRef
 
 from jobs.dependencies import After
 from jobs.dialect import dialect
@@ -279,3 +281,21 @@ def step_counts(workflow_id: uuid.UUID, *, using: str = "default") -> dict[str, 
     )
     counts.update(dict(rows))
     return counts
+
+
+def prune_finished_workflows(cutoff: datetime, limit: int, *, using: str = "default") -> int:
+    """Delete up to ``limit`` workflows finished before ``cutoff`` whose steps retention took.
+
+    A workflow keeps its row while any step is kept, so its page and status stay
+    whole; once the reaper's retention has deleted the last one, the row goes too.
+    """
+    ids = list(
+        Workflow.objects.using(using)
+        .filter(finished_at__lt=cutoff)
+        .exclude(Exists(Job.objects.filter(workflow_id=OuterRef("pk"))))
+        .order_by("finished_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    if not ids:
+        return 0
+    return Workflow.objects.using(using).filter(pk__in=ids).delete()[0]

@@ -56,6 +56,7 @@ from jobs.schedules.declared import sync_code_schedules
 from jobs.schedules.firing import FireTimer, fire_due_schedules, prune_fires
 from jobs.tables import BATCH_MESSAGE_TABLE, BATCH_RECEIPT_TABLE, EVENT_TABLE, JOB_TABLE
 from jobs.timeouts import fail_overdue_jobs
+from jobs.workflows import prune_finished_workflows
 from workers.config import ReaperConfig
 from workers.liveness import LivenessWatch, forget_lost_workers, workers_without_liveness
 from workers.resilience import backoff_delay, is_transient, reset_connection, with_db_retry
@@ -83,6 +84,7 @@ class ReaperResult:
     schedules_fired: int = 0
     schedules_left: int = 0  # due schedules the firing budget left for the next wake-up
     fires_pruned: int = 0
+    workflows_pruned: int = 0
     metric_events: int = 0
     metric_rows_pruned: int = 0
     partitions_created: int = 0
@@ -275,6 +277,11 @@ class Reaper:
         for _ in range(ROUNDS_PER_PASS):
             pruned = prune_fires(cutoff, size)
             result.fires_pruned += pruned
+            if pruned < size:
+                break
+        for _ in range(ROUNDS_PER_PASS):
+            pruned = prune_finished_workflows(cutoff, size)
+            result.workflows_pruned += pruned
             if pruned < size:
                 break
 

@@ -213,3 +213,20 @@ def test_a_workflow_on_a_failed_job_is_cancelled_through_and_settles():
     run.refresh_from_db()
     assert run.status == "failed"
     assert set(Job.objects.filter(workflow=run).values_list("status", flat=True)) == {"cancelled"}
+
+
+def test_a_finished_workflow_goes_once_retention_took_its_steps():
+    from datetime import timedelta
+
+    from jobs.clock import db_now
+    from jobs.workflows import prune_finished_workflows
+
+    flow = workflow("old")
+    flow.step(ADD, {"n": 1})
+    run = flow.enqueue()
+    drain_jobs()
+    later = db_now() + timedelta(days=1)
+    assert prune_finished_workflows(later, 100) == 0  # its step is still kept
+    Job.objects.filter(workflow=run).delete()
+    assert prune_finished_workflows(later, 100) == 1
+    assert not Workflow.objects.filter(pk=run.pk).exists()
