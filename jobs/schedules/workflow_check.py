@@ -11,7 +11,8 @@ A schedule is therefore refused at create or update, field by field under
 ``workflow.…``, rather than failing every slot at fire time. What can still
 fail at fire time is what changes in between (an operation removed from
 the code, a job id named in ``depends_on`` deleted): that fire is recorded
-``enqueue_failed``, as for a job schedule.
+``enqueue_failed``, as for a job schedule. ``manage.py workflow start``
+checks a file with it too (``prefix=""``), for the same field names.
 """
 
 from __future__ import annotations
@@ -31,17 +32,20 @@ from jobs.workflows import MAX_NAME_LENGTH, WorkflowBuilder
 PREFIX = "workflow"
 
 
-def workflow_problems(spec: Any) -> dict[str, list[str]]:
-    """Every problem of the workflow JSON ``spec``, by field (``workflow.steps.1.payload``)."""
+def workflow_problems(spec: Any, prefix: str = PREFIX) -> dict[str, list[str]]:
+    """Every problem of the workflow JSON ``spec``, by field (``workflow.steps.1.payload``;
+    ``steps.1.payload`` with ``prefix=""``). Empty when it would start."""
     if not isinstance(spec, dict):
-        return {PREFIX: ["The workflow must be a JSON object with its steps."]}
-    found = first_unstorable(spec, PREFIX)
+        return {
+            prefix or "non_field_errors": ["The workflow must be a JSON object with its steps."]
+        }
+    found = first_unstorable(spec, prefix or "workflow")
     if found is not None:
         return {found[0]: [f"The value {found[1]}."]}
     try:
         builder = builder_from_spec(spec)
     except EnqueueError as error:
-        return _under(error.errors or {"": [error.message]})
+        return _under(error.errors or {"": [error.message]}, prefix)
     errors: dict[str, list[str]] = {}
     if len(builder.name) > MAX_NAME_LENGTH:
         errors["name"] = [f"The workflow's name is longer than {MAX_NAME_LENGTH} characters."]
@@ -56,7 +60,7 @@ def workflow_problems(spec: Any) -> dict[str, list[str]]:
                 head, _, rest = field.partition(".")
                 key = f"steps.{field}" if head.isdigit() and rest else f"steps.0.{field}"
                 errors.setdefault(key, []).extend(messages)
-    return _under(errors)
+    return _under(errors, prefix)
 
 
 def _job_specs(builder: WorkflowBuilder, errors: dict[str, list[str]]) -> list[JobSpec]:
@@ -101,5 +105,7 @@ def _resolve(target: Any, names: dict[str, int]) -> Any:
     return target
 
 
-def _under(errors: dict[str, list[str]]) -> dict[str, list[str]]:
-    return {(f"{PREFIX}.{k}" if k else PREFIX): list(v) for k, v in errors.items()}
+def _under(errors: dict[str, list[str]], prefix: str) -> dict[str, list[str]]:
+    if not prefix:
+        return {(k or "non_field_errors"): list(v) for k, v in errors.items()}
+    return {(f"{prefix}.{k}" if k else prefix): list(v) for k, v in errors.items()}

@@ -5,13 +5,15 @@ from django.utils.dateparse import parse_datetime
 
 from jobs.enqueue import enqueue
 from jobs.exceptions import EnqueueError
+from jobs.models import OnFailure
 from jobs.uniqueness import UniqueWhile
 
 
 class Command(BaseCommand):
     help = (
         "Enqueue one job and print its id. While another job holds --unique-key, print that "
-        "job's id instead and say so on stderr."
+        "job's id instead and say so on stderr. With --depends-on the job waits until those "
+        "jobs have succeeded (or, by --on-failure, one has failed)."
     )
 
     def add_arguments(self, parser) -> None:
@@ -47,6 +49,20 @@ class Command(BaseCommand):
             help="a flow key added to the operation's own, such as account:42 or a template "
             "filled from the payload, account:{account_id} (repeatable)",
         )
+        parser.add_argument(
+            "--depends-on",
+            action="append",
+            dest="depends_on",
+            metavar="JOB_ID",
+            help="a job this one waits for: it starts once every such job has succeeded "
+            "(repeatable)",
+        )
+        parser.add_argument(
+            "--on-failure",
+            choices=OnFailure.values,
+            help="when a job it depends on fails: cancel this one (the default), run it "
+            "anyway, or hold it for an operator",
+        )
 
     def handle(self, *args, **o) -> None:
         try:
@@ -79,6 +95,8 @@ class Command(BaseCommand):
                 timeout_seconds=o["timeout_seconds"],
                 retry=retry,
                 keys=o["keys"],
+                depends_on=o["depends_on"] or None,
+                on_failure=o["on_failure"],
             )
         except EnqueueError as error:
             details = "; ".join(f"{k}: {' '.join(v)}" for k, v in error.errors.items())
