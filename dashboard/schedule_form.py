@@ -1,6 +1,10 @@
 """The schedules page's "New schedule" form: what the operator typed, read into
 ``create_schedule``'s values, and the errors it answered, field by field.
 
+An operation with its payload, or a workflow's JSON (``jobs.workflow_specs``'
+shape) in its own textarea: exactly one of the two, as the API takes them.
+A workflow's errors name their step (``steps.1.depends_on: …``) beside it.
+
 The checks themselves are ``jobs.schedules.definitions.check_definition``'s
 (the API's too): this module only turns form text into JSON-like values
 (numbers, an object) and puts each error beside its input. What was typed
@@ -20,6 +24,7 @@ from jobs.models import CatchUp, Overlap
 # The inputs, in the order the form shows them.
 FIELDS = (
     "operation",
+    "workflow",
     "name",
     "cron",
     "every_seconds",
@@ -30,7 +35,12 @@ FIELDS = (
     "catch_up",
     "overlap",
 )
-LIMITS = {"payload": 100_000}  # characters; the definition checks the bytes after parsing
+# Characters; the definition checks the payload's bytes after parsing.
+LIMITS = {"payload": 100_000, "workflow": 1_000_000}
+JSON_HINTS = {
+    "payload": 'Write a JSON object, for example {"account": 42}.',
+    "workflow": 'Write a JSON object, for example {"steps": [{"operation": "ping"}]}.',
+}
 
 
 @dataclass
@@ -62,8 +72,9 @@ class ScheduleForm:
 
     def add_all(self, errors: dict[str, list[str]]) -> None:
         for name, messages in errors.items():
+            within = name.partition(".")[2] if name.startswith("workflow.") else ""
             for message in messages:
-                self.add(_field_of(name), str(message))
+                self.add(_field_of(name), f"{within}: {message}" if within else str(message))
 
 
 def _field_of(name: str) -> str:
@@ -96,15 +107,16 @@ def bind(post: QueryDict) -> tuple[ScheduleForm, dict[str, Any] | None]:
             values["priority"] = int(priority)
         except ValueError:
             form.add("priority", "Priority must be a whole number from -100 to 100.")
-    payload = str(post.get("payload", ""))
-    form.values["payload"] = payload[: LIMITS["payload"]]
-    if len(payload) > LIMITS["payload"]:
-        form.add("payload", f"The payload is longer than {LIMITS['payload']:,} characters.")
-    elif payload.strip():
-        try:
-            values["payload"] = json.loads(payload, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError):
-            form.add("payload", 'Write a JSON object, for example {"account": 42}.')
+    for name, hint in JSON_HINTS.items():
+        text = str(post.get(name, ""))
+        form.values[name] = text[: LIMITS[name]]
+        if len(text) > LIMITS[name]:
+            form.add(name, f"The {name} is longer than {LIMITS[name]:,} characters.")
+        elif text.strip():
+            try:
+                values[name] = json.loads(text, parse_constant=_refuse_constant)
+            except (ValueError, RecursionError):
+                form.add(name, hint)
     return form, (None if form.errors else values)
 
 
