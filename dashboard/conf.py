@@ -41,6 +41,9 @@ DEFAULTS: dict[str, float] = {
     "FAILURE_WINDOW_HOURS": 24,
     "RECLAIM_WINDOW_HOURS": 1,
     "CHILDREN_SHOWN": 100,
+    # A workflow page draws each step as a box up to this many steps; past it,
+    # counts per depth and status (dashboard.workflow_graph).
+    "WORKFLOW_MAX_BOXES": 500,
 }
 
 

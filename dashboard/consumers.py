@@ -19,10 +19,19 @@ from django.http import QueryDict
 
 from dashboard import detail as detail_reads
 from dashboard import render, selectors
-from dashboard.relay import LIST_GROUP, SUMMARY_PAGES, Subscription, job_group, page_group, relay
-from jobs.models import Job
+from dashboard.filters import read_dashboard_filters
+from dashboard.relay import (
+    LIST_GROUP,
+    SUMMARY_PAGES,
+    Subscription,
+    job_group,
+    page_group,
+    relay,
+    workflow_group,
+)
+from jobs.models import Job, Workflow
 from jobs.permissions import role_of
-from jobs.selectors import JobFilters, parse_timestamp, parse_uuid, read_job_filters
+from jobs.selectors import JobFilters, parse_timestamp, parse_uuid
 from jobs.selectors.counts import capped_count
 from jobs.selectors.timeouts import bounded_reads
 
@@ -76,6 +85,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         self.group = (
             job_group(sub.job_id)
             if sub.job_id is not None  # only a job page names a job (``_parse``)
+            else workflow_group(sub.workflow_id)
+            if sub.workflow_id is not None
             else LIST_GROUP
             if sub.page == "jobs"
             else page_group(sub.page)
@@ -86,6 +97,8 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self._catch_up()
         elif sub.page == "jobs":
             await self._catch_up_list(spec.get("rendered_at"))
+        elif sub.page == "workflow":
+            await self._catch_up_workflow()
         await self.send_json({"subscribed": sub.page})
 
     def _parse(self, spec: dict[str, Any]) -> Subscription | None:
@@ -103,7 +116,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             if not isinstance(ids, list):
                 return None
             query = spec.get("query")
-            filters = read_job_filters(QueryDict(query if isinstance(query, str) else ""))
+            filters = read_dashboard_filters(QueryDict(query if isinstance(query, str) else ""))
             self.newest = parse_timestamp(spec.get("newest")) if spec.get("first_page") else None
             self.new_ids = set()
             self.new_base = 0
@@ -114,6 +127,11 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                 ids={str(i) for i in job_ids if i is not None},
                 filters=filters,
             )
+        if page == "workflow":
+            workflow_id = parse_uuid(spec.get("workflow"))
+            if workflow_id is None:
+                return None
+            return Subscription(page="workflow", role=self.role, workflow_id=workflow_id)
         if page in SUMMARY_PAGES:
             return Subscription(page=page, role=self.role)
         return None
@@ -132,6 +150,13 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             self.sub.job_id, self.role, self.cursor
         )
         self.cursor = max(self.cursor, last)
+        if html:
+            await self.send_json({"html": html})
+
+    async def _catch_up_workflow(self) -> None:
+        """The whole graph once: whatever changed between the page's render and now."""
+        assert self.sub and self.sub.workflow_id
+        html = await database_sync_to_async(_workflow_now)(self.sub.workflow_id, self.role)
         if html:
             await self.send_json({"html": html})
 
@@ -191,6 +216,13 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         if parts:
             await self.send_json({"html": "".join(parts)})
 
+    async def workflow_update(self, message: dict[str, Any]) -> None:
+        if not self.sub or str(self.sub.workflow_id) != message["workflow"]:
+            return
+        html = message["html"].get(self.role)
+        if html:
+            await self.send_json({"html": html})
+
     async def page_refresh(self, message: dict[str, Any]) -> None:
         html = message["html"].get(self.role)
         if html and self.sub and self.sub.page == message["page"]:
@@ -216,6 +248,12 @@ def _job_since_bounded(job_id: uuid.UUID, role: str, after: int) -> tuple[str, i
     if not events:  # every change writes an event: none means the page is current
         return "", after
     return str(render.job_live(detail, role, events)), events[-1].seq
+
+
+def _workflow_now(workflow_id: uuid.UUID, role: str | None) -> str:
+    with bounded_reads():
+        workflow = Workflow.objects.filter(pk=workflow_id).first()
+        return render.workflow_live(workflow, role, None) if workflow is not None else ""
 
 
 def _entries_between(job_id: uuid.UUID, after: int, before: int) -> list[tuple[int, str]]:

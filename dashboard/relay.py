@@ -41,11 +41,13 @@ from dashboard import detail as detail_reads
 from dashboard import render, selectors
 from dashboard.conf import setting
 from dashboard.cursor import EventCursor, NewJobCursor, max_event_id
+from dashboard.workflow_graph import step_boxes
 from django_controlplane.web.listener import listener
 from jobs.events import JOB_ENQUEUED
-from jobs.models import Job
+from jobs.models import Job, Workflow
 from jobs.selectors import JobFilters
 from jobs.selectors.timeouts import bounded_reads
+from jobs.selectors.workflows import dependents_in_workflow
 from jobs.wakeups import NOTIFY_CHANNEL as WAKEUP_CHANNEL
 
 log = logging.getLogger("dashboard.relay")
@@ -61,17 +63,23 @@ def job_group(job_id: uuid.UUID | str) -> str:
 LIST_GROUP = "dash.jobs"
 
 
+def workflow_group(workflow_id: uuid.UUID | str) -> str:
+    return f"dash.workflow.{uuid.UUID(str(workflow_id)).hex}"
+
+
 def page_group(page: str) -> str:
     return f"dash.page.{page}"
 
 
 @dataclass
 class Subscription:
-    """What one open page shows: its page kind and, for job pages and lists, which jobs."""
+    """What one open page shows: its page kind and, for job pages and lists, which jobs
+    (for a workflow page, which workflow)."""
 
     page: str
     role: str
     job_id: uuid.UUID | None = None
+    workflow_id: uuid.UUID | None = None
     after: int = 0
     ids: set[str] = field(default_factory=set)
     filters: JobFilters | None = None
@@ -246,6 +254,7 @@ class Relay:
         pushes: list[tuple[str, dict[str, Any]]] = []
         pushes += self._job_pushes(changes, subs)
         pushes += self._list_pushes(changes, subs)
+        pushes += self._workflow_pushes(changes, subs)
         pushes += self._page_pushes(subs)
         return pushes, changes.full
 
@@ -318,6 +327,38 @@ class Relay:
                 },
             )
 
+    def _workflow_pushes(self, changes: Changes, subs: dict[str, Subscription]):
+        """Workflow pages whose steps changed: the head, and the changed boxes (with the
+        steps waiting for them, whose counts moved) or a large workflow's counts."""
+        watched: dict[uuid.UUID, set[str]] = {}
+        for sub in subs.values():
+            if sub.workflow_id is not None:
+                watched.setdefault(sub.workflow_id, set()).add(sub.role)
+        if not watched or not changes.jobs:
+            return
+        touched: dict[uuid.UUID, list[uuid.UUID]] = {}
+        for job_id, workflow_id in Job.objects.filter(
+            pk__in=list(changes.jobs), workflow_id__in=list(watched)
+        ).values_list("pk", "workflow_id"):
+            touched.setdefault(workflow_id, []).append(job_id)
+        for workflow_id, steps in touched.items():
+            workflow = Workflow.objects.filter(pk=workflow_id).first()
+            if workflow is None:
+                continue
+            ids = steps + dependents_in_workflow(workflow_id, steps)
+            boxes = step_boxes(workflow_id, list(dict.fromkeys(ids)))
+            html = {
+                role: render.workflow_live(workflow, role, boxes) for role in watched[workflow_id]
+            }
+            yield (
+                workflow_group(workflow_id),
+                {
+                    "type": "workflow.update",
+                    "workflow": str(workflow_id),
+                    "html": html,
+                },
+            )
+
     def _page_pushes(self, subs: dict[str, Subscription]):
         now = time.monotonic()
         quiet_after = float(setting("SUMMARY_REFRESH_SECONDS"))
@@ -355,6 +396,7 @@ def _summaries(ids: list[uuid.UUID], *, with_payload: bool) -> list[dict[str, An
         "operation",
         "parent_id",
         "schedule_id",
+        "workflow_id",
         "created_at",
         "error_code",
         "error_message",
@@ -366,6 +408,7 @@ def _summaries(ids: list[uuid.UUID], *, with_payload: bool) -> list[dict[str, An
         row["id"] = str(row["id"])
         row["parent_id"] = str(row["parent_id"]) if row["parent_id"] else None
         row["schedule_id"] = str(row["schedule_id"]) if row["schedule_id"] else None
+        row["workflow_id"] = str(row["workflow_id"]) if row["workflow_id"] else None
         row["created_at"] = row["created_at"].isoformat()
         out.append(row)
     return out

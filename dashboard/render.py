@@ -21,11 +21,15 @@ from django.utils.safestring import SafeString, mark_safe
 from dashboard import audit, selectors
 from dashboard import detail as detail_reads
 from dashboard.conf import setting
-from jobs.models import Job, JobEvent
+from dashboard.workflow_boxes import attention_html, step_boxes_html
+from dashboard.workflow_graph import StepBox, WorkflowGraph, workflow_graph
+from jobs.models import Job, JobEvent, Workflow
 from jobs.permissions import OPERATOR
 from jobs.selectors.flow_keys import held_back, waiting_reason
+from jobs.selectors.workflows import step_dependencies
 from jobs.states import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL
-from jobs.waiting import waiting_of
+from jobs.waiting import DEPENDENCIES, dependency_wait, waiting_of
+from jobs.workflows import ACTIVE_WORKFLOW, step_counts
 
 JOB_TEMPLATE = "dashboard/job_detail.html"
 LIST_TEMPLATE = "dashboard/jobs.html"
@@ -168,6 +172,8 @@ def job_context(detail: detail_reads.JobDetail, role: str | None) -> dict[str, A
     job = detail.job
     can_act = role == OPERATOR
     waiting = waiting_of(job)
+    waits = dependency_wait(job)
+    reasons = list(waiting_reason(job)) if waits is None else [waits.sentence]
     return {
         **role_context(role),
         "detail": detail,
@@ -175,12 +181,28 @@ def job_context(detail: detail_reads.JobDetail, role: str | None) -> dict[str, A
         "progress": detail.progress,
         "waiting": waiting,
         "flow_keys": [k for k in (job.flow_keys or []) if isinstance(k, str)],
-        "waiting_reasons": waiting_reason(job),
+        "waiting_reasons": reasons,
+        "dependencies": _dependencies_of(job),
+        "workflow": (
+            Workflow.objects.filter(pk=job.workflow_id).only("id", "name", "status").first()
+            if job.workflow_id
+            else None
+        ),
         "can_cancel": can_act and job.status in (QUEUED, RUNNING),
         "can_retry": can_act and job.status in (FAILED, CANCELLED),
-        "can_run_now": can_act and waiting is not None and not waiting.due,
+        # A job waiting for dependencies is released by them, never by an operator's "now".
+        "can_run_now": can_act
+        and waiting is not None
+        and not waiting.due
+        and waiting.kind != DEPENDENCIES,
         "can_discard": can_act and job.status in TERMINAL,
     }
+
+
+def _dependencies_of(job: Job) -> Any:
+    """What a job waits for (bounded), or None when it waits for no job."""
+    deps = step_dependencies(job.pk)
+    return deps if deps.total else None
 
 
 def timeline_entries(events: Iterable[JobEvent]) -> list[tuple[int, SafeString]]:
@@ -208,3 +230,49 @@ def job_head(detail: detail_reads.JobDetail, role: str | None) -> str:
 def job_live(detail: detail_reads.JobDetail, role: str | None, events: Sequence[JobEvent]) -> str:
     """A polling answer: the changing parts and the events the page does not have yet."""
     return job_head(detail, role) + timeline_append(timeline_entries(events))
+
+
+# --- workflows -------------------------------------------------------------------------
+
+WORKFLOW_TEMPLATE = "dashboard/workflow_detail.html"
+
+
+def workflow_context(
+    workflow: Workflow, role: str | None, graph: WorkflowGraph | None = None
+) -> dict[str, Any]:
+    """What the workflow page and its live fragments show: the head, counts and the graph."""
+    counts = step_counts(workflow.pk)
+    total = sum(counts.values())
+    graph = graph if graph is not None else workflow_graph(workflow.pk, total)
+    back = reverse("dashboard:workflow", args=[workflow.pk])
+    can_act = role == OPERATOR
+    return {
+        **role_context(role),
+        "workflow": workflow,
+        "counts": counts,
+        "total": total,
+        "graph": graph,
+        "back": back,
+        "jobs_url": reverse("dashboard:jobs"),
+        "columns": [
+            {"count": len(column), "html": step_boxes_html(column, back=back, can_act=can_act)}
+            for column in graph.columns
+        ],
+        "attention": attention_html(graph.attention, back=back, can_act=can_act),
+        "can_cancel_workflow": can_act and workflow.status in ACTIVE_WORKFLOW,
+    }
+
+
+def workflow_live(workflow: Workflow, role: str | None, boxes: Sequence[StepBox] | None) -> str:
+    """The workflow page's changing parts, out of band: its head, and either the boxes
+    of ``boxes`` (a drawn graph's steps that changed) or, when ``boxes`` is None, the
+    whole graph (a drawn one's every box, or a large one's counts)."""
+    ctx = {**workflow_context(workflow, role), "oob": True}
+    html = render_to_string(f"{WORKFLOW_TEMPLATE}#head", ctx)
+    graph = ctx["graph"]
+    if graph.drawn:
+        shown = boxes if boxes is not None else [b for column in graph.columns for b in column]
+        html += step_boxes_html(shown, back=ctx["back"], can_act=ctx["can_act"], oob=True)
+    else:
+        html += render_to_string(f"{WORKFLOW_TEMPLATE}#large", ctx)
+    return html

@@ -11,7 +11,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from dashboard.login import ThrottledLoginView
-from dashboard.views import actions, jobs, keys, metrics, operations, pages, schedules
+from dashboard.views import actions, jobs, keys, metrics, operations, pages, schedules, workflows
 
 app_name = "dashboard"
 
@@ -42,6 +42,18 @@ urlpatterns = [
         "dashboard/schedules/<uuid:schedule_id>/resume/", schedules.resume, name="schedule-resume"
     ),
     path("dashboard/schedules/<uuid:schedule_id>/run/", schedules.run_now, name="schedule-run"),
+    path("dashboard/workflows/", workflows.workflow_list, name="workflows"),
+    path("dashboard/workflows/<uuid:workflow_id>/", workflows.workflow_detail, name="workflow"),
+    path(
+        "dashboard/workflows/<uuid:workflow_id>/live/",
+        workflows.workflow_live,
+        name="workflow-live",
+    ),
+    path(
+        "dashboard/workflows/<uuid:workflow_id>/cancel/",
+        workflows.cancel,
+        name="workflow-cancel",
+    ),
     path("dashboard/jobs/", jobs.job_list, name="jobs"),
     path("dashboard/jobs/live/", jobs.job_list_live, name="jobs-live"),
     path("dashboard/jobs/count/", jobs.job_list_count, name="jobs-count"),

@@ -59,6 +59,7 @@
         rendered_at: body ? body.dataset.loadedAt || "" : "",
       };
     }
+    if (page === "workflow") return { page: "workflow", workflow: el.dataset.job };
     return { page: page };
   }
   function pollUrl() {
