@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +30,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from jobs.dependencies import Ended, release
-from jobs.dialect import dialect
+from jobs.dialect import array_literal, dialect, int_element, quoted_element
 from jobs.events import JOB_STARTED, JOB_SUCCEEDED
 from jobs.states import QUEUED, RUNNING, SUCCEEDED, check_transition
 from jobs.tables import EVENT_TABLE, JOB_TABLE, REMOTE_OPERATION_TABLE, WORKER_TABLE
@@ -421,23 +421,6 @@ class Completion:
     duration_ms: int | None = None
 
 
-def _array_literal(elements: Iterable[str]) -> str:
-    """A PostgreSQL array literal, sent as one text parameter and cast in SQL.
-
-    psycopg's list adapter quotes element by element in Python; one string is
-    quoted once, in C. Elements come here already in array-literal syntax.
-    """
-    return "{" + ",".join(elements) + "}"
-
-
-def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _int(value: int | None) -> str:
-    return "NULL" if value is None else str(int(value))
-
-
 def _completion_update(
     d: Any, completions: Sequence[Completion], now: datetime | None, *, followed: bool = False
 ) -> tuple[str, list[Any]]:
@@ -463,12 +446,12 @@ def _completion_update(
         )
         progress = [c.progress or (None, None) for c in completions]
         params += [
-            _array_literal(str(c.job_id) for c in completions),
-            _array_literal(str(c.lease_token) for c in completions),
-            _array_literal(_quoted(d.json(c.result)) for c in completions),
-            _array_literal(_int(p[0]) for p in progress),
-            _array_literal(_int(p[1]) for p in progress),
-            _array_literal(_int(c.duration_ms) for c in completions),
+            array_literal(str(c.job_id) for c in completions),
+            array_literal(str(c.lease_token) for c in completions),
+            array_literal(quoted_element(d.json(c.result)) for c in completions),
+            array_literal(int_element(p[0]) for p in progress),
+            array_literal(int_element(p[1]) for p in progress),
+            array_literal(int_element(c.duration_ms) for c in completions),
         ]
     else:
         source = f"(VALUES {', '.join(['(%s, %s, %s, %s, %s, %s)'] * len(completions))}) AS v"

@@ -36,7 +36,7 @@ from django.db import connections
 
 from jobs import events
 from jobs.conf import knob
-from jobs.dialect import Dialect, dialect
+from jobs.dialect import Dialect, array_literal, dialect, quoted_element
 from jobs.exceptions import ControlPlaneError, EnqueueError
 from jobs.models import OnFailure
 from jobs.states import CANCELLED, QUEUED, SUCCEEDED, TERMINAL, Status
@@ -204,6 +204,15 @@ def _cycle(edges: dict[int, list[int]]) -> list[int]:
     return []
 
 
+@dataclass(frozen=True)
+class Linked:
+    """What ``link`` wrote on the new jobs: unmet counts, which others wait for, any cancel."""
+
+    unmet: Counter[uuid.UUID]
+    upstreams: set[uuid.UUID]
+    cancelled: bool
+
+
 def link(
     links: Sequence[Link],
     *,
@@ -211,7 +220,7 @@ def link(
     workflow_id: uuid.UUID | None = None,
     steps: dict[uuid.UUID, str] | None = None,
     using: str = "default",
-) -> None:
+) -> Linked:
     """Store the edges of jobs just inserted (``run_after`` NULL), inside the enqueue's transaction.
 
     ``waiting``: the new jobs with dependencies. Existing upstreams are locked
@@ -255,24 +264,25 @@ def link(
     if cancel:
         # And on down: what waits for them (in this call too), and their workflow.
         release(_cancel_waiting(cancel, using), using=using)
+    return Linked(unmet=unmet, upstreams=set(inside), cancelled=bool(cancel))
 
 
 def _lock_upstreams(cursor: Any, d: Dialect, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
     """Flag existing jobs as having dependents, under their row locks (in id order).
 
     Returns their statuses, read under those locks."""
-    params = [d.uuid(i) for i in ids]
     if d.postgres:
         cursor.execute(
             f"SELECT id FROM {JOB_TABLE} WHERE id = ANY(%s::uuid[]) ORDER BY id FOR NO KEY UPDATE",
-            [params],
+            [_id_array(ids)],
         )
         cursor.execute(
             f"UPDATE {JOB_TABLE} SET has_dependents = TRUE WHERE id = ANY(%s::uuid[]) "
             "RETURNING id, status",
-            [params],
+            [_id_array(ids)],
         )
     else:
+        params = [d.uuid(i) for i in ids]
         cursor.execute(
             f"UPDATE {JOB_TABLE} SET has_dependents = 1 WHERE id IN {d.in_list(len(params))} "
             "RETURNING id, status",
@@ -284,14 +294,19 @@ def _lock_upstreams(cursor: Any, d: Dialect, ids: Sequence[uuid.UUID]) -> dict[u
 def _insert_edges(cursor: Any, d: Dialect, links: Sequence[Link], met: set[Link]) -> None:
     if not links:
         return
-    rows = [(d.uuid(e.job), d.uuid(e.upstream), e.on_failure, e in met) for e in links]
     if d.postgres:
         cursor.execute(
             f"INSERT INTO {DEPENDENCY_TABLE} (job_id, upstream_id, on_failure, met) "
             "SELECT * FROM unnest(%s::uuid[], %s::uuid[], %s::text[], %s::bool[])",
-            [list(col) for col in zip(*rows, strict=True)],
+            [
+                _id_array(e.job for e in links),
+                _id_array(e.upstream for e in links),
+                array_literal(e.on_failure for e in links),
+                array_literal("t" if e in met else "f" for e in links),
+            ],
         )
     else:
+        rows = [(d.uuid(e.job), d.uuid(e.upstream), e.on_failure, e in met) for e in links]
         cursor.executemany(
             f"INSERT INTO {DEPENDENCY_TABLE} (job_id, upstream_id, on_failure, met) "
             "VALUES (%s, %s, %s, %s)",
@@ -313,7 +328,6 @@ def _mark_new_jobs(
         return
     now_sql, now_params = d.now()
     wf = d.uuid(workflow_id)
-    rows = [(d.uuid(job), n, job in upstreams, step) for job, n, step in marks]
     if d.postgres:
         cursor.execute(
             f"UPDATE {JOB_TABLE} j SET waiting_for = v.n, has_dependents = v.up, "
@@ -321,9 +335,17 @@ def _mark_new_jobs(
             f"run_after = CASE WHEN v.n = 0 THEN COALESCE(j.run_after, {now_sql}) END "
             "FROM unnest(%s::uuid[], %s::int[], %s::bool[], %s::text[]) AS v(id, n, up, step) "
             "WHERE j.id = v.id",
-            [wf, *now_params, *[list(col) for col in zip(*rows, strict=True)]],
+            [
+                wf,
+                *now_params,
+                _id_array(job for job, _, _ in marks),
+                array_literal(str(n) for _, n, _ in marks),
+                array_literal("t" if job in upstreams else "f" for job, _, _ in marks),
+                array_literal(quoted_element(step) for _, _, step in marks),
+            ],
         )
     else:
+        rows = [(d.uuid(job), n, job in upstreams, step) for job, n, step in marks]
         cursor.executemany(
             f"UPDATE {JOB_TABLE} SET waiting_for = %s, has_dependents = %s, workflow_id = %s, "
             f"step = %s, run_after = CASE WHEN %s = 0 THEN COALESCE(run_after, {now_sql}) END "
@@ -371,21 +393,26 @@ def release(ended: Sequence[Ended], *, using: str = "default") -> None:
         settle_workflows(sorted(workflows), using=using)
 
 
+def _id_array(ids: Iterable[uuid.UUID]) -> str:
+    """Job ids as one ``uuid[]`` text parameter (PostgreSQL)."""
+    return array_literal(str(i) for i in ids)
+
+
 def _meet(
     cursor: Any, d: Dialect, upstreams: Sequence[uuid.UUID], *, everything: bool
 ) -> list[uuid.UUID]:
     """Mark the unmet edges from ``upstreams`` met (all, or only ``run`` ones); their jobs."""
     if not upstreams:
         return []
-    params: list[Any] = [d.uuid(u) for u in upstreams]
     policy = "" if everything else " AND on_failure = 'run'"
     if d.postgres:
         cursor.execute(
             f"UPDATE {DEPENDENCY_TABLE} SET met = TRUE WHERE upstream_id = ANY(%s::uuid[]) "
             f"AND NOT met{policy} RETURNING job_id",
-            [params],
+            [_id_array(upstreams)],
         )
     else:
+        params: list[Any] = [d.uuid(u) for u in upstreams]
         cursor.execute(
             f"UPDATE {DEPENDENCY_TABLE} SET met = 1 WHERE upstream_id IN {d.in_list(len(params))} "
             f"AND NOT met{policy} RETURNING job_id",
@@ -410,7 +437,7 @@ def _count_down(cursor: Any, d: Dialect, met: Counter[uuid.UUID]) -> list[tuple[
         f"THEN {now_sql} ELSE run_after END"
     )
     if d.postgres:
-        params = [[d.uuid(i) for i in ids], [met[i] for i in ids]]
+        params = [_id_array(ids), array_literal(str(met[i]) for i in ids)]
         cursor.execute(
             f"SELECT id FROM {JOB_TABLE} WHERE id = ANY(%s::uuid[]) ORDER BY id FOR NO KEY UPDATE",
             [params[0]],
@@ -452,7 +479,7 @@ def _unmet_after_failure(
         f"FROM {DEPENDENCY_TABLE} dep "
         f"JOIN {JOB_TABLE} j ON j.id = dep.job_id "
         f"WHERE {where} AND NOT dep.met AND j.status = 'queued' ORDER BY dep.job_id",
-        [params] if d.postgres else params,
+        [_id_array(failed)] if d.postgres else params,
     )
     return [(d.read_id(r[0]), d.read_id(r[1]), r[2], d.read_uuid(r[3])) for r in cursor.fetchall()]
 

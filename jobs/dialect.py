@@ -7,6 +7,7 @@ statements themselves stay identical where the two databases agree.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -117,3 +118,22 @@ class Dialect:
 
 def dialect(alias: str = "default") -> Dialect:
     return Dialect(alias)
+
+
+# PostgreSQL arrays sent as one text parameter (``%s::uuid[]``) ---------------
+def array_literal(elements: Iterable[str]) -> str:
+    """A PostgreSQL array literal, sent as one text parameter and cast in SQL.
+
+    psycopg's list adapter quotes element by element in Python; one string is
+    quoted once, in C. Elements come here already in array-literal syntax
+    (``quoted_element``, ``int_element``, or ``str`` of a UUID).
+    """
+    return "{" + ",".join(elements) + "}"
+
+
+def quoted_element(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def int_element(value: int | None) -> str:
+    return "NULL" if value is None else str(int(value))

@@ -204,15 +204,27 @@ def _store_graph(
             assign_turns(rows, using)
         for start in range(0, len(rows), CHUNK):
             insert_rows(rows[start : start + CHUNK], now, using)
-        link(
+        linked = link(
             links,
             waiting=waiting,
             workflow_id=graph.workflow.pk if graph.workflow is not None else None,
             steps=steps,
             using=using,
         )
-    found = Job.objects.using(using).in_bulk(ids)
-    return [found[i] for i in ids]
+    if linked.cancelled:  # some were cancelled at once: read them as they are
+        found = Job.objects.using(using).in_bulk(ids)
+        return [found[i] for i in ids]
+    jobs = [_job(r, now, using) for r in rows]
+    for job in jobs:
+        values = job.__dict__
+        values["waiting_for"] = linked.unmet.get(job.id, 0)
+        values["has_dependents"] = job.id in linked.upstreams
+        if graph.workflow is not None:
+            values["workflow_id"] = graph.workflow.pk
+            values["step"] = steps[job.id] if steps else ""
+        if values["waiting_for"] == 0 and job.run_after is None:
+            values["run_after"] = now  # met at once: claimable from the enqueue's instant
+    return jobs
 
 
 def _declare_limits(specs: Sequence[JobSpec], rows: list[Row], using: str) -> None:

@@ -83,6 +83,11 @@ class WorkflowBuilder:
                 "The step was not added: its name must be 1 to 200 characters.",
                 {"name": ["A step's name must be 1 to 200 characters."]},
             )
+        if reason := text_problem(name):
+            raise EnqueueError(
+                f"The step was not added: its name {reason}.",
+                {"name": [f"A step's name {reason}."]},
+            )
         if name in self._names:
             raise EnqueueError(
                 f"The step was not added: the workflow has a step named {name!r} already.",

@@ -230,3 +230,17 @@ def test_a_finished_workflow_goes_once_retention_took_its_steps():
     Job.objects.filter(workflow=run).delete()
     assert prune_finished_workflows(later, 100) == 1
     assert not Workflow.objects.filter(pk=run.pk).exists()
+
+
+def test_step_names_are_stored_as_given_or_refused():
+    flow = workflow("names")
+    odd = 'quote " back \\ comma, {brace}'
+    first = flow.step(ADD, {"n": 1}, name=odd)
+    flow.step(ADD, {"n": 2}, name="<b>x</b>", depends_on=[first])
+    run = flow.enqueue()
+    assert set(Job.objects.filter(workflow=run).values_list("step", flat=True)) == {
+        odd,
+        "<b>x</b>",
+    }
+    with pytest.raises(EnqueueError):
+        workflow("bad").step(ADD, {}, name="nul\x00")
