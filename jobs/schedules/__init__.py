@@ -1,8 +1,10 @@
-"""Periodic schedules: cron or fixed-interval jobs, fired by the reaper.
+"""Periodic schedules: cron or fixed-interval jobs (or workflows), fired by the reaper.
 
 - ``timing``: cron (5 or 6 fields), intervals, time zones and the DST rule;
   no database.
 - ``definitions``: a schedule's fields checked (``check_definition``).
+- ``workflow_check``: a workflow schedule's JSON checked as its fire would
+  check it, without storing anything (``workflow_problems``).
 - ``firing``: ``fire_due_schedules(now)`` (the reaper's step, safe with many
   reapers), the catch-up policy, ``FireTimer`` and ``prune_fires``.
 - ``services``: operator actions (create, update, delete, pause, resume,
