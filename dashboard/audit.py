@@ -16,6 +16,7 @@ from jobs.audit import (
     BULK_CANCEL,
     BULK_RETRY,
     CANCEL,
+    CANCEL_WORKFLOW,
     DISCARD,
     ENQUEUE,
     LABELS,
@@ -26,6 +27,7 @@ from jobs.audit import (
     SET_KEY_LIMITS,
     SET_RATE_LIMIT,
     SET_RETENTION,
+    START_WORKFLOW,
 )
 from jobs.models import OperatorAction
 
@@ -47,9 +49,11 @@ class ActionRow:
     count: int
     detail: str
     reason: str
+    workflow_id: str | None = None
 
 
 JOB_ACTIONS = (CANCEL, RETRY, REQUEUE_ORPHAN, RUN_NOW, ENQUEUE)
+WORKFLOW_ACTIONS = (CANCEL_WORKFLOW, START_WORKFLOW)
 
 
 def recent_rows(limit: int = 15) -> list[ActionRow]:
@@ -65,6 +69,7 @@ def recent_rows(limit: int = 15) -> list[ActionRow]:
                 count=entry.count,
                 detail=_detail(entry),
                 reason=entry.reason,
+                workflow_id=entry.target if entry.action in WORKFLOW_ACTIONS else None,
             )
         )
     return rows

@@ -172,7 +172,8 @@ def job_context(detail: detail_reads.JobDetail, role: str | None) -> dict[str, A
     job = detail.job
     can_act = role == OPERATOR
     waiting = waiting_of(job)
-    waits = dependency_wait(job)
+    dependencies = step_dependencies(job.pk)
+    waits = dependency_wait(job, total=dependencies.total)
     reasons = list(waiting_reason(job)) if waits is None else [waits.sentence]
     return {
         **role_context(role),
@@ -182,7 +183,7 @@ def job_context(detail: detail_reads.JobDetail, role: str | None) -> dict[str, A
         "waiting": waiting,
         "flow_keys": [k for k in (job.flow_keys or []) if isinstance(k, str)],
         "waiting_reasons": reasons,
-        "dependencies": _dependencies_of(job),
+        "dependencies": dependencies if dependencies.total else None,
         "workflow": (
             Workflow.objects.filter(pk=job.workflow_id).only("id", "name", "status").first()
             if job.workflow_id
@@ -197,12 +198,6 @@ def job_context(detail: detail_reads.JobDetail, role: str | None) -> dict[str, A
         and waiting.kind != DEPENDENCIES,
         "can_discard": can_act and job.status in TERMINAL,
     }
-
-
-def _dependencies_of(job: Job) -> Any:
-    """What a job waits for (bounded), or None when it waits for no job."""
-    deps = step_dependencies(job.pk)
-    return deps if deps.total else None
 
 
 def timeline_entries(events: Iterable[JobEvent]) -> list[tuple[int, SafeString]]:

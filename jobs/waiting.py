@@ -149,27 +149,29 @@ class DependencyWait:
         return text
 
 
-def dependency_wait(job: Any) -> DependencyWait | None:
+def dependency_wait(job: Any, *, total: int | None = None) -> DependencyWait | None:
     """The dependency reason a queued job is not starting, or None if it waits for none.
 
-    Two reads on the dependency table's ``(job, upstream)`` index: the count
-    of edges and of unmet ones, and the few failed upstreams whose edges hold it.
+    ``job.waiting_for`` is the count of unmet edges (kept in the transactions
+    that meet them); ``total`` (else counted on the dependency table's
+    ``(job, upstream)`` index) is how many it has. Only edges that say
+    ``hold`` are joined to their upstreams, to name the failed ones.
     """
     if getattr(job, "status", None) != QUEUED or job.run_after is not None:
         return None
     edges = Dependency.objects.filter(job_id=job.pk)
-    total = edges.count()
-    unmet = edges.filter(met=False).count()
+    if total is None:
+        total = edges.count()
     held = edges.filter(
         met=False,
         on_failure=OnFailure.HOLD,
         upstream__status__in=(FAILED, CANCELLED),
     )
-    held_count = held.count()
-    names = tuple(
-        step or str(upstream_id)
-        for upstream_id, step in held.order_by("id").values_list("upstream_id", "upstream__step")[
-            :HELD_NAMED
-        ]
+    named = list(held.order_by("id").values_list("upstream_id", "upstream__step")[:HELD_NAMED])
+    held_count = len(named) if len(named) < HELD_NAMED else held.count()
+    return DependencyWait(
+        unmet=int(job.waiting_for or 0),
+        total=total,
+        held_by=tuple(step or str(upstream_id) for upstream_id, step in named),
+        held_count=held_count,
     )
-    return DependencyWait(unmet=unmet, total=total, held_by=names, held_count=held_count)

@@ -228,7 +228,23 @@ def step_dependencies(job_id: uuid.UUID, limit: int = DEPENDENCIES_SHOWN) -> Ste
     """``jobs.dependencies.dependency_rows``' fields for at most ``limit`` dependencies of a
     job, unmet ones first, with the totals (a fan-in step may wait for 10,000 jobs)."""
     edges = Dependency.objects.filter(job_id=job_id)
-    totals = edges.aggregate(total=Count("pk"), unmet=Count("pk", filter=Q(met=False)))
+    totals = {"total": edges.count()}
+    totals["unmet"] = edges.filter(met=False).count() if totals["total"] else 0
+    # The first edges alone (one job's index entries, sorted), then their upstreams:
+    # joining first would read every upstream of a 10,000-way fan-in to keep 50.
+    first = list(edges.order_by("met", "id").values_list("id", flat=True)[:limit])
+    found = {
+        row["id"]: row
+        for row in Dependency.objects.filter(pk__in=first).values(
+            "id",
+            "upstream_id",
+            "upstream__step",
+            "upstream__operation",
+            "upstream__status",
+            "on_failure",
+            "met",
+        )
+    }
     rows = [
         {
             "id": row["upstream_id"],
@@ -238,14 +254,7 @@ def step_dependencies(job_id: uuid.UUID, limit: int = DEPENDENCIES_SHOWN) -> Ste
             "on_failure": row["on_failure"],
             "met": row["met"],
         }
-        for row in edges.order_by("met", "id").values(
-            "upstream_id",
-            "upstream__step",
-            "upstream__operation",
-            "upstream__status",
-            "on_failure",
-            "met",
-        )[:limit]
+        for row in (found[i] for i in first if i in found)
     ]
     return StepDependencies(rows=rows, total=totals["total"] or 0, unmet=totals["unmet"] or 0)
 

@@ -400,3 +400,10 @@ def test_bench_a_page_of_10000_steps(operator_client: Client) -> None:
     took = (time.perf_counter() - started) * 1000
     assert "waiting for 10000 of 10000 dependencies" in job_page and "and 9950 more" in job_page
     print(f"[bench {vendor}] job page of the step waiting for 10,000: {took:.1f} ms")
+
+
+def test_the_queues_page_links_a_workflow_cancel_to_its_workflow(operator_client: Client) -> None:
+    run = diamond()
+    operator_client.post(reverse("dashboard:workflow-cancel", args=[run.pk]), {"reason": "stop"})
+    page = html(operator_client.get(reverse("dashboard:queues")))
+    assert "Workflow cancelled" in page and f'href="/dashboard/workflows/{run.pk}/"' in page
