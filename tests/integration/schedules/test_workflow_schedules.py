@@ -263,3 +263,15 @@ def test_a_job_schedule_does_not_become_a_workflow_schedule_nor_the_reverse():
     with pytest.raises(ScheduleInvalid) as info:
         update_schedule(schedule.pk, {"operation": "ping"})
     assert "operation" in info.value.errors
+
+
+def test_a_deleted_workflow_leaves_its_fire_record_without_it():
+    schedule = workflow_schedule()
+    slot = schedule.next_fire_at
+    fire_due_schedules(slot)
+    [run] = runs(schedule)
+    Job.objects.filter(workflow=run).delete()
+    Workflow.objects.filter(pk=run.pk).delete()
+    assert fires(schedule) == [(slot, "enqueued", None)]
+    assert fire_workflows(schedule) == [None]
+    assert last_outcome(schedule_get(schedule.pk)) == "enqueued"
