@@ -29,6 +29,7 @@ from dashboard.relay import (
     relay,
     workflow_group,
 )
+from dashboard.workflow_graph import workflow_graph
 from jobs.models import Job, Workflow
 from jobs.permissions import role_of
 from jobs.selectors import JobFilters, parse_timestamp, parse_uuid
@@ -253,7 +254,9 @@ def _job_since_bounded(job_id: uuid.UUID, role: str, after: int) -> tuple[str, i
 def _workflow_now(workflow_id: uuid.UUID, role: str | None) -> str:
     with bounded_reads():
         workflow = Workflow.objects.filter(pk=workflow_id).first()
-        return render.workflow_live(workflow, role, None) if workflow is not None else ""
+        if workflow is None:
+            return ""
+        return render.workflow_live(workflow, role, graph=workflow_graph(workflow_id))
 
 
 def _entries_between(job_id: uuid.UUID, after: int, before: int) -> list[tuple[int, str]]:

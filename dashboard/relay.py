@@ -41,7 +41,7 @@ from dashboard import detail as detail_reads
 from dashboard import render, selectors
 from dashboard.conf import setting
 from dashboard.cursor import EventCursor, NewJobCursor, max_event_id
-from dashboard.workflow_graph import step_boxes
+from dashboard.workflow_graph import max_boxes, step_boxes, workflow_graph
 from django_controlplane.web.listener import listener
 from jobs.events import JOB_ENQUEUED
 from jobs.models import Job, Workflow
@@ -49,6 +49,7 @@ from jobs.selectors import JobFilters
 from jobs.selectors.timeouts import bounded_reads
 from jobs.selectors.workflows import dependents_in_workflow
 from jobs.wakeups import NOTIFY_CHANNEL as WAKEUP_CHANNEL
+from jobs.workflows import step_counts
 
 log = logging.getLogger("dashboard.relay")
 
@@ -109,6 +110,10 @@ class Relay:
         self.job_seq: dict[uuid.UUID, int] = {}
         self.rendered_at: dict[str, float] = {}
         self.dirty: bool = False
+        # Large workflows (counted, not drawn): when each was last rendered, and those
+        # with changes not pushed yet (rendered at most every SUMMARY_REFRESH_SECONDS).
+        self.workflow_rendered_at: dict[uuid.UUID, float] = {}
+        self.workflows_pending: set[uuid.UUID] = set()
         self.ticks = 0  # for tests and diagnostics
         self.starts = 0
 
@@ -153,6 +158,8 @@ class Relay:
             self.task.cancel()
             self.task = None
             self.rendered_at.clear()
+            self.workflow_rendered_at.clear()
+            self.workflows_pending.clear()
 
     # --- waking up ---------------------------------------------------------
     def _listen(self) -> None:
@@ -220,6 +227,9 @@ class Relay:
             due = min(due, at_least - since)
             if self.dirty:
                 due = min(due, quiet_after - since)
+        if self.workflows_pending:
+            since = now - min(self.workflow_rendered_at.get(w, 0.0) for w in self.workflows_pending)
+            due = min(due, quiet_after - since)
         if self.cursor.holes:
             due = min(due, 1.0)  # a late commit sends its own NOTIFY; this is a backstop
         return max(due, 0.02)
@@ -329,26 +339,49 @@ class Relay:
 
     def _workflow_pushes(self, changes: Changes, subs: dict[str, Subscription]):
         """Workflow pages whose steps changed: the head, and the changed boxes (with the
-        steps waiting for them, whose counts moved) or a large workflow's counts."""
+        steps waiting for them, whose counts moved) or, at most every
+        ``SUMMARY_REFRESH_SECONDS``, a large workflow's counts (a change within that
+        time is pushed when it is up: ``_next_due``)."""
         watched: dict[uuid.UUID, set[str]] = {}
         for sub in subs.values():
             if sub.workflow_id is not None:
                 watched.setdefault(sub.workflow_id, set()).add(sub.role)
-        if not watched or not changes.jobs:
+        self.workflows_pending &= set(watched)
+        for gone in set(self.workflow_rendered_at) - set(watched):
+            del self.workflow_rendered_at[gone]
+        if not watched:
             return
         touched: dict[uuid.UUID, list[uuid.UUID]] = {}
-        for job_id, workflow_id in Job.objects.filter(
-            pk__in=list(changes.jobs), workflow_id__in=list(watched)
-        ).values_list("pk", "workflow_id"):
-            touched.setdefault(workflow_id, []).append(job_id)
+        if changes.jobs:
+            for job_id, workflow_id in Job.objects.filter(
+                pk__in=list(changes.jobs), workflow_id__in=list(watched)
+            ).values_list("pk", "workflow_id"):
+                touched.setdefault(workflow_id, []).append(job_id)
+        now = time.monotonic()
+        every = float(setting("SUMMARY_REFRESH_SECONDS"))
+        for workflow_id in self.workflows_pending:
+            touched.setdefault(workflow_id, [])
         for workflow_id, steps in touched.items():
             workflow = Workflow.objects.filter(pk=workflow_id).first()
             if workflow is None:
                 continue
-            ids = steps + dependents_in_workflow(workflow_id, steps)
-            boxes = step_boxes(workflow_id, list(dict.fromkeys(ids)))
+            counts = step_counts(workflow_id)
+            live: dict[str, Any] = {"counts": counts}
+            if sum(counts.values()) <= max_boxes():
+                if not steps:
+                    continue
+                ids = steps + dependents_in_workflow(workflow_id, steps)
+                live["boxes"] = step_boxes(workflow_id, list(dict.fromkeys(ids)))
+            elif now - self.workflow_rendered_at.get(workflow_id, 0.0) >= every:
+                live["graph"] = workflow_graph(workflow_id, sum(counts.values()))
+                self.workflow_rendered_at[workflow_id] = now
+                self.workflows_pending.discard(workflow_id)
+            else:
+                self.workflows_pending.add(workflow_id)
+                if not steps:
+                    continue
             html = {
-                role: render.workflow_live(workflow, role, boxes) for role in watched[workflow_id]
+                role: render.workflow_live(workflow, role, **live) for role in watched[workflow_id]
             }
             yield (
                 workflow_group(workflow_id),

@@ -232,42 +232,60 @@ def job_live(detail: detail_reads.JobDetail, role: str | None, events: Sequence[
 WORKFLOW_TEMPLATE = "dashboard/workflow_detail.html"
 
 
-def workflow_context(
-    workflow: Workflow, role: str | None, graph: WorkflowGraph | None = None
+def _workflow_head(
+    workflow: Workflow, role: str | None, counts: dict[str, int] | None = None
 ) -> dict[str, Any]:
-    """What the workflow page and its live fragments show: the head, counts and the graph."""
-    counts = step_counts(workflow.pk)
-    total = sum(counts.values())
-    graph = graph if graph is not None else workflow_graph(workflow.pk, total)
-    back = reverse("dashboard:workflow", args=[workflow.pk])
+    counts = counts if counts is not None else step_counts(workflow.pk)
     can_act = role == OPERATOR
     return {
         **role_context(role),
         "workflow": workflow,
         "counts": counts,
-        "total": total,
-        "graph": graph,
-        "back": back,
+        "total": sum(counts.values()),
+        "back": reverse("dashboard:workflow", args=[workflow.pk]),
         "jobs_url": reverse("dashboard:jobs"),
+        "can_cancel_workflow": can_act and workflow.status in ACTIVE_WORKFLOW,
+    }
+
+
+def workflow_context(
+    workflow: Workflow, role: str | None, graph: WorkflowGraph | None = None
+) -> dict[str, Any]:
+    """What the workflow page shows: the head, counts and the graph."""
+    ctx = _workflow_head(workflow, role)
+    graph = graph if graph is not None else workflow_graph(workflow.pk, ctx["total"])
+    back, can_act = ctx["back"], ctx["can_act"]
+    return {
+        **ctx,
+        "graph": graph,
         "columns": [
             {"count": len(column), "html": step_boxes_html(column, back=back, can_act=can_act)}
             for column in graph.columns
         ],
         "attention": attention_html(graph.attention, back=back, can_act=can_act),
-        "can_cancel_workflow": can_act and workflow.status in ACTIVE_WORKFLOW,
     }
 
 
-def workflow_live(workflow: Workflow, role: str | None, boxes: Sequence[StepBox] | None) -> str:
-    """The workflow page's changing parts, out of band: its head, and either the boxes
-    of ``boxes`` (a drawn graph's steps that changed) or, when ``boxes`` is None, the
-    whole graph (a drawn one's every box, or a large one's counts)."""
-    ctx = {**workflow_context(workflow, role), "oob": True}
+def workflow_live(
+    workflow: Workflow,
+    role: str | None,
+    *,
+    boxes: Sequence[StepBox] | None = None,
+    graph: WorkflowGraph | None = None,
+    counts: dict[str, int] | None = None,
+) -> str:
+    """The workflow page's changing parts, out of band: its head, then ``boxes`` (a drawn
+    graph's steps that changed) or else ``graph`` whole (every box of a drawn one, a
+    large one's counts); with neither, the head alone."""
+    ctx = {**_workflow_head(workflow, role, counts), "oob": True}
     html = render_to_string(f"{WORKFLOW_TEMPLATE}#head", ctx)
-    graph = ctx["graph"]
-    if graph.drawn:
-        shown = boxes if boxes is not None else [b for column in graph.columns for b in column]
-        html += step_boxes_html(shown, back=ctx["back"], can_act=ctx["can_act"], oob=True)
-    else:
+    back, can_act = ctx["back"], ctx["can_act"]
+    if boxes is None and graph is not None and graph.drawn:
+        boxes = [b for column in graph.columns for b in column]
+    if boxes is not None:
+        return html + step_boxes_html(boxes, back=back, can_act=can_act, oob=True)
+    if graph is not None:
+        attention = attention_html(graph.attention, back=back, can_act=can_act)
+        ctx.update(graph=graph, attention=attention)
         html += render_to_string(f"{WORKFLOW_TEMPLATE}#large", ctx)
     return html

@@ -18,6 +18,7 @@ from django.utils import timezone
 from dashboard import render as fragments
 from dashboard.conf import setting
 from dashboard.views.common import action, base_context, no_store, page
+from dashboard.workflow_graph import workflow_graph
 from jobs import operator_actions
 from jobs.models import Workflow
 from jobs.permissions import role_of
@@ -79,7 +80,9 @@ def workflow_detail(request: HttpRequest, workflow_id: uuid.UUID) -> HttpRespons
 def workflow_live(request: HttpRequest, workflow_id: uuid.UUID) -> HttpResponse:
     """Polling fallback: the same fragments a WebSocket push carries (the whole graph)."""
     workflow = _workflow_or_404(workflow_id)
-    html = fragments.workflow_live(workflow, role_of(request.user), None)
+    html = fragments.workflow_live(
+        workflow, role_of(request.user), graph=workflow_graph(workflow.pk)
+    )
     return no_store(HttpResponse(html))
 
 

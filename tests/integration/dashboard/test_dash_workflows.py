@@ -325,6 +325,38 @@ async def test_step_changes_reach_the_workflow_page_over_the_socket(monkeypatch)
         await db(connections.close_all)()
 
 
+@pytest.mark.asyncio
+async def test_a_large_workflows_counts_reach_its_page_over_the_socket(monkeypatch) -> None:
+    from channels.testing import WebsocketCommunicator
+
+    monkeypatch.setenv("DASHBOARD_RELAY_INTERVAL_SECONDS", "0.05")
+    monkeypatch.setenv("DASHBOARD_SUMMARY_REFRESH_SECONDS", "0.3")
+    monkeypatch.setenv("DASHBOARD_WORKFLOW_MAX_BOXES", "3")
+    db = database_sync_to_async
+    operator = await db(make_user)("operator")
+    run = await db(diamond)()
+    comm = WebsocketCommunicator(DashboardConsumer.as_asgi(), "/ws/dashboard/")
+    comm.scope["user"] = operator
+    try:
+        assert (await comm.connect(timeout=5))[0]
+        await comm.send_json_to({"subscribe": {"page": "workflow", "workflow": str(run.pk)}})
+        catch_up = await _receive(comm, lambda m: "html" in m)
+        assert 'id="wf-large"' in catch_up["html"] and "<article" not in catch_up["html"]
+        await _receive(comm, lambda m: m.get("subscribed") == "workflow")
+        await db(drain_jobs)(queues=["wfdash"], limit=1)
+        await db(drain_jobs)(queues=["wfdash"], limit=1)  # a second change within 0.3 s
+        # Both arrive, the last with the counts at most 0.3 s after the previous render.
+        pushed = await _receive(
+            comm, lambda m: 'id="wf-large"' in m.get("html", "") and "succeeded 2" in m["html"]
+        )
+        assert "Cancel workflow" in pushed["html"]
+    finally:
+        await comm.disconnect()
+        await asyncio.sleep(0)
+        assert not relay.subscribers
+        await db(connections.close_all)()
+
+
 async def _receive(comm, predicate, timeout: float = 5.0) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
