@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +105,56 @@ def with_session(request: HttpRequest) -> None:
         AuthenticationMiddleware(lambda r: HttpResponse()).process_request(request)
 
 
+class SharedReads:
+    """The read after a wait, shared by the requests parked on the same object.
+
+    A thousand requests parked on one job all wake when it ends; each reading
+    it again through its own DRF view made a thousand reads at once, which
+    the two web threads answered in seconds, some of them 503. Each was
+    authenticated and permitted by its first read; what it answers now is
+    the object's state at any moment after it woke, so a read that started
+    after that moment serves it. One such read (the first woken request's)
+    is shared; a request whose shared read was not a 200 reads on its own.
+    """
+
+    KEEP_SECONDS = 0.5  # how long a finished read serves requests woken before it started
+
+    def __init__(self) -> None:
+        self._reads: dict[Hashable, tuple[float, asyncio.Future[HttpResponse]]] = {}
+
+    async def read(
+        self, key: Hashable, since: float, start: Callable[[], Awaitable[HttpResponse]]
+    ) -> HttpResponse | None:
+        """A 200 read started at or after ``since`` (loop time), or None."""
+        loop = asyncio.get_running_loop()
+        kept = self._reads.get(key)
+        if kept is None or kept[0] < since:
+            future = asyncio.ensure_future(start())
+            kept = self._reads[key] = (loop.time(), future)
+            future.add_done_callback(
+                lambda done: loop.call_later(self.KEEP_SECONDS, self._forget, key, done)
+            )
+        response = await asyncio.shield(kept[1])
+        if response.status_code != 200:
+            return None
+        return copied(response)
+
+    def _forget(self, key: Hashable, future: asyncio.Future[HttpResponse]) -> None:
+        kept = self._reads.get(key)
+        if kept is not None and kept[1] is future:
+            del self._reads[key]
+
+
+def copied(response: HttpResponse) -> HttpResponse:
+    """A response of its own for each request (a response is sent, then closed, once)."""
+    return HttpResponse(
+        response.content, status=response.status_code, headers=dict(response.items())
+    )
+
+
+shared_reads = SharedReads()
+
+
 def long_poll_view(drf_view: type[Any]) -> Any:
     """The async view of a DRF read view that may ``park`` its response."""
     inner = drf_view.as_view()
@@ -129,7 +180,9 @@ def long_poll_view(drf_view: type[Any]) -> Any:
         remaining = arrived + parked.seconds - loop.time()
         await end_waiters.wait(parked.kind, parked.id, remaining)
         request.long_poll_done = True  # type: ignore[attr-defined]
-        return await read(request, kwargs)
+        key = (drf_view, parked.kind, parked.id, request.get_host(), request.path.rstrip("/"))
+        shared = await shared_reads.read(key, loop.time(), lambda: read(request, kwargs))
+        return shared if shared is not None else await read(request, kwargs)
 
     view = csrf_exempt(view)
     # For drf-spectacular: /schema describes the route from the DRF view.
