@@ -60,11 +60,26 @@ def builder_from_spec(spec: Any) -> WorkflowBuilder:
         except EnqueueError as error:
             for field, messages in error.errors.items():
                 errors.setdefault(f"steps.{index}.{field}", []).extend(messages)
+    for index, step in enumerate(builder.steps):
+        for target in step["depends_on"]:
+            name = target.job if isinstance(target, After) else target
+            if isinstance(name, str) and name not in builder.step_names and not _is_uuid(name):
+                errors.setdefault(f"steps.{index}.depends_on", []).append(
+                    f"No step is named {name!r}."
+                )
     if errors:
         raise EnqueueError(
             "The workflow was not enqueued: fix the fields named in 'errors'.", errors
         )
     return builder
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _add_step(builder: WorkflowBuilder, index: int, step: Any) -> None:

@@ -129,6 +129,10 @@ class WorkflowBuilder:
         )
         return run
 
+    @property
+    def step_names(self) -> set[str]:
+        return set(self._names)
+
     def _problem(self) -> str | None:
         if not self.steps:
             return "it has no steps."

@@ -244,3 +244,18 @@ def test_step_names_are_stored_as_given_or_refused():
     }
     with pytest.raises(EnqueueError):
         workflow("bad").step(ADD, {}, name="nul\x00")
+
+
+def test_a_json_workflow_names_the_step_whose_dependency_is_unknown():
+    from jobs.workflow_specs import start_workflow
+
+    with pytest.raises(EnqueueError) as unknown:
+        start_workflow(
+            {
+                "steps": [
+                    {"name": "a", "operation": ADD},
+                    {"name": "b", "operation": ADD, "depends_on": ["a", "ghost"]},
+                ]
+            }
+        )
+    assert unknown.value.errors == {"steps.1.depends_on": ["No step is named 'ghost'."]}
