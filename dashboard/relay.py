@@ -373,7 +373,8 @@ class Relay:
                 ids = steps + dependents_in_workflow(workflow_id, steps)
                 live["boxes"] = step_boxes(workflow_id, list(dict.fromkeys(ids)))
             elif now - self.workflow_rendered_at.get(workflow_id, 0.0) >= every:
-                live["graph"] = workflow_graph(workflow_id, sum(counts.values()))
+                live["graph"] = workflow_graph(workflow_id)
+                live.pop("counts")
                 self.workflow_rendered_at[workflow_id] = now
                 self.workflows_pending.discard(workflow_id)
             else:

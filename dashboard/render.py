@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 from dashboard import audit, selectors
 from dashboard import detail as detail_reads
 from dashboard.conf import setting
-from dashboard.workflow_boxes import attention_html, step_boxes_html
+from dashboard.workflow_boxes import attention_html, depth_rows_html, step_boxes_html
 from dashboard.workflow_graph import StepBox, WorkflowGraph, workflow_graph
 from jobs.models import Job, JobEvent, Workflow
 from jobs.permissions import OPERATOR
@@ -252,8 +252,8 @@ def workflow_context(
     workflow: Workflow, role: str | None, graph: WorkflowGraph | None = None
 ) -> dict[str, Any]:
     """What the workflow page shows: the head, counts and the graph."""
-    ctx = _workflow_head(workflow, role)
-    graph = graph if graph is not None else workflow_graph(workflow.pk, ctx["total"])
+    graph = graph if graph is not None else workflow_graph(workflow.pk)
+    ctx = _workflow_head(workflow, role, graph.counts)
     back, can_act = ctx["back"], ctx["can_act"]
     return {
         **ctx,
@@ -263,6 +263,9 @@ def workflow_context(
             for column in graph.columns
         ],
         "attention": attention_html(graph.attention, back=back, can_act=can_act),
+        "depth_rows": depth_rows_html(
+            graph.depth_rows, workflow_id=workflow.pk, jobs_url=ctx["jobs_url"]
+        ),
     }
 
 
@@ -277,6 +280,8 @@ def workflow_live(
     """The workflow page's changing parts, out of band: its head, then ``boxes`` (a drawn
     graph's steps that changed) or else ``graph`` whole (every box of a drawn one, a
     large one's counts); with neither, the head alone."""
+    if counts is None and graph is not None:
+        counts = graph.counts
     ctx = {**_workflow_head(workflow, role, counts), "oob": True}
     html = render_to_string(f"{WORKFLOW_TEMPLATE}#head", ctx)
     back, can_act = ctx["back"], ctx["can_act"]
@@ -285,7 +290,12 @@ def workflow_live(
     if boxes is not None:
         return html + step_boxes_html(boxes, back=back, can_act=can_act, oob=True)
     if graph is not None:
-        attention = attention_html(graph.attention, back=back, can_act=can_act)
-        ctx.update(graph=graph, attention=attention)
+        ctx.update(
+            graph=graph,
+            attention=attention_html(graph.attention, back=back, can_act=can_act),
+            depth_rows=depth_rows_html(
+                graph.depth_rows, workflow_id=workflow.pk, jobs_url=ctx["jobs_url"]
+            ),
+        )
         html += render_to_string(f"{WORKFLOW_TEMPLATE}#large", ctx)
     return html

@@ -20,7 +20,7 @@ from html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from dashboard.templatetags.dash import job_url
-from dashboard.workflow_graph import StepBox
+from dashboard.workflow_graph import DepthRow, StepBox
 
 
 def _e(value: object) -> str:
@@ -86,3 +86,22 @@ def attention_html(boxes: Iterable[StepBox], *, back: str, can_act: bool) -> Saf
             for b in boxes
         )
     )
+
+
+def depth_rows_html(
+    rows: Iterable[DepthRow], *, workflow_id: uuid.UUID, jobs_url: str
+) -> SafeString:
+    """A large workflow's table rows: steps per depth by status, each count a link to the
+    job list filtered by the workflow and that status."""
+    base = f"{jobs_url}?workflow={workflow_id}&status="
+    out = []
+    for row in rows:
+        depth = str(row.first) if row.first == row.last else f"{row.first}–{row.last}"
+        cells = "".join(
+            f'<td class="num"><a class="chip state-{_e(s)}" href="{_e(base + s)}">{n:,}</a></td>'
+            if n
+            else '<td class="num"><span class="muted">0</span></td>'
+            for s, n in row.counts.items()
+        )
+        out.append(f'<tr><td>{depth}</td><td class="num">{row.total:,}</td>{cells}</tr>')
+    return mark_safe("".join(out))

@@ -24,7 +24,7 @@ from threading import Lock
 from typing import Any
 
 from dashboard.conf import setting
-from jobs.models import Dependency, Job
+from jobs.models import Dependency
 from jobs.selectors.workflows import (
     StepTuple,
     edge_keys,
@@ -92,6 +92,7 @@ class WorkflowGraph:
     depths: int = 0
     attention: list[StepBox] = field(default_factory=list)
     attention_more: int = 0
+    counts: dict[str, int] = field(default_factory=empty_counts)  # steps by status
 
 
 def max_boxes() -> int:
@@ -121,12 +122,25 @@ def _name_waits(boxes: list[StepBox], edges, names: dict[uuid.UUID, str]) -> Non
         box.waits_more = max(0, len(upstreams) - WAITS_NAMED)
 
 
-def workflow_graph(workflow_id: uuid.UUID, total: int | None = None) -> WorkflowGraph:
-    """The page's graph: boxes by depth when the workflow has few steps, else counts."""
-    if total is None:
-        total = Job.objects.filter(workflow_id=workflow_id).count()
-    if total > max_boxes():
-        return _large(workflow_id, total)
+def workflow_graph(workflow_id: uuid.UUID) -> WorkflowGraph:
+    """The page's graph: boxes by depth when the workflow has few steps, else counts.
+
+    One read of every step's id and status decides (and counts by status);
+    a drawn graph then reads its few steps' names and edges.
+    """
+    keys = step_keys(workflow_id)
+    counts = empty_counts()
+    for _, status in keys:
+        counts[status] = counts.get(status, 0) + 1
+    if len(keys) > max_boxes():
+        graph = _large(workflow_id, keys)
+    else:
+        graph = _drawn(workflow_id)
+    graph.counts = counts
+    return graph
+
+
+def _drawn(workflow_id: uuid.UUID) -> WorkflowGraph:
     steps = workflow_steps(workflow_id)
     edges = workflow_edges(workflow_id)
     depth = step_depths([s[0] for s in steps], edges)
@@ -173,8 +187,7 @@ def _cached_depths(workflow_id: uuid.UUID, keys: list[Any]) -> dict[Any, int]:
     return depths
 
 
-def _large(workflow_id: uuid.UUID, total: int) -> WorkflowGraph:
-    steps = step_keys(workflow_id)
+def _large(workflow_id: uuid.UUID, steps: list[tuple[Any, str]]) -> WorkflowGraph:
     depth = _cached_depths(workflow_id, [key for key, _ in steps])
     deepest = max(depth.values(), default=0)
     width = -(-(deepest + 1) // MAX_DEPTH_ROWS)  # depths per row, rounded up
@@ -190,7 +203,7 @@ def _large(workflow_id: uuid.UUID, total: int) -> WorkflowGraph:
             bad.append(key)
     shown = [key_id(k) for k in bad[:ATTENTION_SHOWN]]
     return WorkflowGraph(
-        total=len(steps) or total,
+        total=len(steps),
         drawn=False,
         depth_rows=rows,
         depths=deepest + 1,

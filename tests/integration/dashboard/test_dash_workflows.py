@@ -418,6 +418,9 @@ def test_bench_a_page_of_10000_steps(operator_client: Client) -> None:
             f"\n[bench {vendor}] workflow page, {label}: p50 {p50:.1f} ms, p95 {p95:.1f} ms;"
             f" polling answer p50 {live50:.1f} ms, p95 {live95:.1f} ms"
         )
+    page = html(operator_client.get(reverse("dashboard:workflow", args=[chain.pk])))
+    assert "2,000 steps in 2,000 depths" in page and "<td>0–19</td>" in page  # 100 rows
+    assert page.count("<tr><td>") == 100
     page = html(operator_client.get(reverse("dashboard:workflow", args=[fan.pk])))
     assert "10,001 steps in 2 depths" in page and ">Retry</button>" in page
     assert "and 50 more" in page
