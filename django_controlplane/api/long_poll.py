@@ -187,5 +187,6 @@ def long_poll_view(drf_view: type[Any]) -> Any:
     view = csrf_exempt(view)
     # For drf-spectacular: /schema describes the route from the DRF view.
     view.cls = drf_view  # type: ignore[attr-defined]
+    view.view_class = drf_view  # type: ignore[attr-defined]
     view.initkwargs = {}  # type: ignore[attr-defined]
     return view

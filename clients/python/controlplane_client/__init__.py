@@ -16,7 +16,8 @@ Runs jobs on machines that cannot reach the database: it needs only
 
         manager.wait()  # serves until SIGINT/SIGTERM, then disconnects gracefully
 
-See ``examples/remote_worker.py`` for both modes.
+See ``examples/remote_worker.py`` for both modes. ``Client`` enqueues jobs and
+workflows and waits for their results (``client.result(job_id, timeout)``).
 """
 
 from controlplane_client.api import (
@@ -27,6 +28,13 @@ from controlplane_client.api import (
     TokenApi,
     WorkerGoneError,
 )
+from controlplane_client.client import (
+    Client,
+    JobFailedError,
+    JobNotSucceededError,
+    JobWasCancelledError,
+    WaitTimeoutError,
+)
 from controlplane_client.jobs import ClaimedJob, Deferred, RetryableError
 from controlplane_client.logs import JobLogHandler, capture_logging
 from controlplane_client.manager import JobManager
@@ -35,13 +43,18 @@ __all__ = [
     "ApiError",
     "ApiManager",
     "ClaimedJob",
+    "Client",
     "Deferred",
     "JobCancelledError",
+    "JobFailedError",
     "JobLogHandler",
     "JobManager",
+    "JobNotSucceededError",
+    "JobWasCancelledError",
     "LeaseLostError",
     "RetryableError",
     "TokenApi",
+    "WaitTimeoutError",
     "WorkerGoneError",
     "capture_logging",
 ]

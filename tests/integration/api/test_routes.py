@@ -36,6 +36,12 @@ def _schedule() -> str:
     return str(create_schedule({"operation": "ping", "every_seconds": 60}).pk)
 
 
+def _workflow() -> str:
+    from jobs.workflow_specs import start_workflow
+
+    return str(start_workflow({"steps": [{"operation": "ping"}]}).pk)
+
+
 def _key_limit() -> str:
     from jobs.operator_actions import set_key_limits
 
@@ -94,6 +100,14 @@ ROUTES: dict[tuple[str, str], tuple[Callable[[Api], Request], int]] = {
     ("schedule-pause", "POST"): (lambda api: (f"/schedules/{_schedule()}/pause", None), 200),
     ("schedule-resume", "POST"): (lambda api: (f"/schedules/{_schedule()}/resume", None), 200),
     ("schedule-run", "POST"): (lambda api: (f"/schedules/{_schedule()}/run", None), 201),
+    ("job-dependencies", "GET"): (lambda api: (f"/jobs/{queued().pk}/dependencies", None), 200),
+    ("workflow-list", "GET"): (lambda api: ("/workflows", None), 200),
+    ("workflow-list", "POST"): (
+        lambda api: ("/workflows", {"steps": [{"operation": "ping"}]}),
+        201,
+    ),
+    ("workflow-detail", "GET"): (lambda api: (f"/workflows/{_workflow()}", None), 200),
+    ("workflow-cancel", "POST"): (lambda api: (f"/workflows/{_workflow()}/cancel", None), 200),
     ("metrics", "GET"): (lambda api: ("/metrics", None), 200),
     ("schema", "GET"): (lambda api: ("/schema", None), 200),
     ("schema-docs", "GET"): (lambda api: ("/schema/docs", None), 200),
