@@ -247,3 +247,21 @@ def test_a_thousand_parked_waits_all_answer_when_their_job_ends(api, server, tok
     ][:5]
     # All woken by the one end (and answered from one shared read), long before their wait.
     assert max(at for _, _, at in results) - ended[0] < 15
+
+
+def test_a_signed_in_session_long_polls_on_the_live_server(api, server):
+    """The async path runs no middleware: the view gives the request its session and user."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(User.objects.get(username="waiter"))
+    cookie = browser.cookies["sessionid"].value
+    job = api.post("/jobs", json={"operation": "ping"}).json()
+    with httpx.Client(base_url=server.url, cookies={"sessionid": cookie}, trust_env=False) as s:
+        response = s.get(f"/jobs/{job['id']}", params={"wait": 0.5}, timeout=30)
+        assert response.status_code == 200, response.text
+        assert response.json()["status"] == "queued"
+        assert s.get(f"/jobs/{job['id']}").status_code == 200
+    with httpx.Client(base_url=server.url, trust_env=False) as anonymous:
+        assert anonymous.get(f"/jobs/{job['id']}", params={"wait": 0.5}).status_code in (401, 403)
