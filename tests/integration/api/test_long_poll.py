@@ -240,13 +240,17 @@ def test_a_thousand_parked_waits_all_answer_when_their_job_ends(api, server, tok
         drain_jobs()
 
     paths = [f"/jobs/{job}"] * 1000
-    results = asyncio.run(_park_many(server.url, token, paths, 50, end_it, spread=5.0))
+    results = asyncio.run(_park_many(server.url, token, paths, 60, end_it, spread=5.0))
     assert len(results) == 1000
     assert all(code == 200 and state == "succeeded" for code, state, _ in results), [
         r for r in results if r[0] != 200 or r[1] != "succeeded"
     ][:5]
-    # All woken by the one end (and answered from one shared read), long before their wait.
-    assert max(at for _, _, at in results) - ended[0] < 15
+    lags = sorted(at - ended[0] for _, _, at in results)
+    print(f"answer lag p50 {lags[500]:.2f} p90 {lags[900]:.2f} max {lags[-1]:.2f}")
+    # None answered before the end; all after it, long before a wait of 60 s from their
+    # arrival ran out (woken, or first read after the end when the machine is slow to serve
+    # a thousand first reads). Quiet machine: all within a second or two of the end.
+    assert lags[0] >= 0 and lags[-1] < 45, lags[-1]
 
 
 def test_a_signed_in_session_long_polls_on_the_live_server(api, server):
