@@ -95,7 +95,7 @@ def ended_among(job_ids: Iterable[uuid.UUID], workflow_ids: Iterable[uuid.UUID])
                 .order_by()
                 .values_list("pk", flat=True)
             )
-        query = parts[0] if len(parts) == 1 else parts[0].union(parts[1], all=True)
+        query = parts[0] if len(parts) == 1 else parts[0].union(parts[1], all=True).order_by()
         job_set = set(job_part)
         for pk in query:  # job and workflow ids are UUIDs drawn apart: never the same
             pk = pk if isinstance(pk, uuid.UUID) else uuid.UUID(str(pk))
