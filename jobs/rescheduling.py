@@ -30,7 +30,10 @@ class NotWaiting(ControlPlaneError):
 
     def __init__(self, job_id: object, status: str, run_after: datetime | None) -> None:
         self.job_id, self.status, self.run_after = job_id, status, run_after
-        why = "it is already due" if status == QUEUED else f"it is {status}"
+        if status == QUEUED and run_after is None:
+            why = "it waits for its dependencies, which decide when it runs"
+        else:
+            why = "it is already due" if status == QUEUED else f"it is {status}"
         super().__init__(
             f"Job {job_id} is not waiting for a later time ({why}); only a queued job "
             "whose run_after is in the future can be run now."
@@ -66,6 +69,8 @@ def run_job_now(
         if before is None:
             raise JobNotFound(job_id)
         status, due = before
+        if due is None:  # waiting for its dependencies (jobs.dependencies)
+            raise NotWaiting(job_id, status, due)
         fields: dict[str, Any] = {"was_due": due.isoformat()}
         fields.update({k: v for k, v in {"by": by, "reason": reason}.items() if v})
         moved = rewrite(

@@ -259,3 +259,13 @@ def test_a_json_workflow_names_the_step_whose_dependency_is_unknown():
             }
         )
     assert unknown.value.errors == {"steps.1.depends_on": ["No step is named 'ghost'."]}
+
+
+def test_run_now_refuses_a_job_waiting_for_its_dependencies():
+    from jobs.rescheduling import NotWaiting, run_job_now
+
+    a = enqueue(ADD, {"n": 1})
+    b = enqueue(ADD, {"n": 2}, depends_on=[a])
+    with pytest.raises(NotWaiting, match="dependencies"):
+        run_job_now(b.id, by="op")
+    assert Job.objects.get(pk=b.pk).run_after is None
