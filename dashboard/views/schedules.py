@@ -22,7 +22,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from dashboard.schedule_form import ScheduleForm, bind
 from dashboard.views.common import action, base_context, page, refused
 from jobs.exceptions import EnqueueError
-from jobs.models import CatchUp, Overlap, Schedule
+from jobs.models import CatchUp, Job, Overlap, Schedule
 from jobs.permissions import can_act
 from jobs.schedules import services
 from jobs.schedules.definitions import ScheduleInvalid
@@ -199,7 +199,8 @@ def run_now(request: HttpRequest, schedule_id: uuid.UUID) -> HttpResponse:
             back=reverse("dashboard:schedule", args=[schedule_id]),
         )
     short = str(job.pk)
-    messages.success(request, f"Schedule ran now: job {short[:8]}…{short[-6:]} is {job.status}.")
+    kind = "job" if isinstance(job, Job) else "workflow"
+    messages.success(request, f"Schedule ran now: {kind} {short[:8]}…{short[-6:]} is {job.status}.")
     return _back(request, schedule_id)
 
 

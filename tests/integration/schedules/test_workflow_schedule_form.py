@@ -73,3 +73,17 @@ def test_operation_and_workflow_together_are_refused(operator_client: Client):  
     )
     assert response.status_code == 400
     assert "not both" in " ".join(response.context["form"].errors["workflow"])
+
+
+def test_a_workflow_schedule_page_names_its_workflow_and_run_now_starts_one(
+    operator_client: Client,  # noqa: F811
+):
+    operator_client.post(
+        NEW, {**BLANK, "name": "wf-page", "every_seconds": "3600", "workflow": json.dumps(flow())}
+    )
+    schedule = Schedule.objects.get(name="wf-page")
+    page = operator_client.get(f"/dashboard/schedules/{schedule.pk}/").content.decode()
+    assert "Workflow</dt>" in page and "nightly &lt;b&gt;, 2 steps" in page
+    assert "It starts one nightly &lt;b&gt; workflow at once." in page
+    ran = operator_client.post(f"/dashboard/schedules/{schedule.pk}/run/", follow=True)
+    assert "Schedule ran now: workflow" in ran.content.decode()
