@@ -262,4 +262,29 @@ def test_a_big_workflow_is_read_fast_with_its_steps_truncated(operator):
     body = response.json()
     assert body["steps_truncated"] is True and len(body["steps"]) == 1000
     assert body["counts"]["queued"] == 10_001
+    print("GET /workflows/<id> at 10,001 steps, ms:", sorted(round(t * 1000) for t in timings))
     assert sorted(timings)[2] < 0.5, timings
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        {"operation": "ping", "payload": "text"},
+        {"operation": "ping", "name": 7},
+        {"operation": "ping", "depends_on": [{"step": 3}]},
+        {"operation": "ping", "depends_on": [None]},
+        {"operation": "ping", "depends_on": "a"},
+        {"operation": "ping", "priority": "high"},
+        {"operation": "ping", "timeout_seconds": "x"},
+        {"operation": "ping", "keys": {"a": 1}},
+        {"operation": "ping", "on_failure": "maybe"},
+        {"operation": "ping", "max_attempts": -1},
+        {"operation": "no.such.operation"},
+        {"operation": "ping", "extra": 1},
+        "not an object",
+    ],
+)
+def test_hostile_steps_are_400s(operator, step):
+    response = operator.post("/workflows", {"steps": [step]})
+    assert_error_shape(response, 400)
+    assert not Workflow.objects.exists()
