@@ -42,11 +42,39 @@ class Served:
         self.proc.stop()
 
 
+def collect_static(static_root: Path) -> Path:
+    """Static files collected into ``static_root`` the way ``manage.py serve`` collects them
+    (hashed, compressed names), for servers started with ``collected=static_root``."""
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "collectstatic", "--noinput", "-v0"],
+        env=server_env(
+            {"CONTROLPLANE_STATIC_ROOT": str(static_root), "CONTROLPLANE_STATIC_MANIFEST": "1"}
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return static_root
+
+
 def start_serve(
-    log_dir: Path, *, processes: int = 2, threads: int = 4, env: dict[str, str] | None = None
+    log_dir: Path,
+    *,
+    processes: int = 2,
+    threads: int = 4,
+    env: dict[str, str] | None = None,
+    collected: Path | None = None,
 ) -> Served:
+    """``manage.py serve``; it collects the static files itself, unless ``collected`` names
+    a folder ``collect_static`` filled (collecting takes seconds, and is the same every time).
+    """
     port = free_port()
-    static_root = log_dir / "static"
+    static: dict[str, str] = {"CONTROLPLANE_STATIC_ROOT": str(log_dir / "static")}
+    skip: list[str] = []
+    if collected is not None:
+        static = {"CONTROLPLANE_STATIC_ROOT": str(collected), "CONTROLPLANE_STATIC_MANIFEST": "1"}
+        skip = ["--no-collectstatic"]
     proc = Proc(
         [
             sys.executable,
@@ -58,8 +86,9 @@ def start_serve(
             str(processes),
             "--threads",
             str(threads),
+            *skip,
         ],
-        server_env({"CONTROLPLANE_STATIC_ROOT": str(static_root), **(env or {})}),
+        server_env({**static, **(env or {})}),
         log_dir / f"serve-{port}.log",
     )
     url = f"http://127.0.0.1:{port}"
@@ -75,13 +104,21 @@ def start_serve(
     return Served(url, proc, processes)
 
 
+@pytest.fixture(scope="session")
+def collected_static(tmp_path_factory) -> Path:
+    """The static files collected once for the session's servers (read-only to them)."""
+    return collect_static(tmp_path_factory.mktemp("collected-static"))
+
+
 @pytest.fixture
-def serve(transactional_db, tmp_path) -> Iterator[Callable[..., Served]]:
-    """``serve(processes=2, threads=4, env={...})``: a running ``manage.py serve``."""
+def serve(transactional_db, tmp_path, collected_static) -> Iterator[Callable[..., Served]]:
+    """``serve(processes=2, threads=4, env={...})``: a running ``manage.py serve`` on the
+    session's collected static files; ``serve(..., collectstatic=True)`` collects its own."""
     started: list[Served] = []
 
-    def start(**kwargs) -> Served:
-        served = start_serve(tmp_path, **kwargs)
+    def start(*, collectstatic: bool = False, **kwargs) -> Served:
+        collected = None if collectstatic else collected_static
+        served = start_serve(tmp_path, collected=collected, **kwargs)
         started.append(served)
         return served
 

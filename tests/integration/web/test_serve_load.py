@@ -207,7 +207,7 @@ def test_an_oversized_body_is_413_before_any_view(serve, make_token):
 
 
 def test_static_files_have_hashed_names_and_far_future_caching(serve):
-    served = serve(processes=1, threads=2)
+    served = serve(processes=1, threads=2, collectstatic=True)  # serve's own collectstatic
     login = httpx.get(served.url + "/accounts/login/", trust_env=False)
     assert login.status_code == 200
     import re
