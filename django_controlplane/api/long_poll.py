@@ -180,7 +180,8 @@ def long_poll_view(drf_view: type[Any]) -> Any:
         remaining = arrived + parked.seconds - loop.time()
         await end_waiters.wait(parked.kind, parked.id, remaining)
         request.long_poll_done = True  # type: ignore[attr-defined]
-        key = (drf_view, parked.kind, parked.id, request.get_host(), request.path.rstrip("/"))
+        host = request.META.get("HTTP_HOST", "")  # the answer names it (the jobs URL)
+        key = (drf_view, parked.kind, parked.id, host, request.path.rstrip("/"))
         shared = await shared_reads.read(key, loop.time(), lambda: read(request, kwargs))
         return shared if shared is not None else await read(request, kwargs)
 
