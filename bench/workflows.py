@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +148,15 @@ class GraphSide(Side):
         return status == "succeeded", done
 
 
+def cpu_split(group: WorkerGroup, side: GraphSide, before: dict) -> tuple[float, float]:
+    """CPU seconds since ``before`` of the worker processes and of their PostgreSQL backends."""
+    after = group.cpu(side.backends())
+    used = {"worker": 0.0, "db": 0.0}
+    for key, value in after.items():
+        used[key[0]] += value - before.get(key, 0.0)
+    return used["worker"], used["db"]
+
+
 # --- target 1: fan-in ----------------------------------------------------------------
 
 
@@ -159,6 +169,7 @@ def fan_in(
         QUEUE, concurrency, processes, env=KILL_KNOBS if kill else None, reaper=kill
     )
     try:
+        cpu_before = group.cpu(side.backends())
         workflow_id, enqueue_seconds = side.enqueue_graph("fan-in", steps)
         if kill:  # one worker killed with SIGKILL halfway through the dependencies
             side.wait(lambda: ((n := side.succeeded()) >= steps // 2, n), group)
@@ -167,6 +178,7 @@ def fan_in(
             group.procs = group.procs[1:]
             group.logs = group.logs[1:]
         side.wait(lambda: side.workflow_done(workflow_id), group)
+        cpu, db = cpu_split(group, side, cpu_before)
     finally:
         group.stop()
     final_id, final_starts = side.sql(
@@ -193,6 +205,8 @@ def fan_in(
     result = {
         "rate": steps / (last_dep - first).total_seconds(),
         "final_gap_ms": (final_start - last_dep).total_seconds() * 1000,
+        "cpu_ms": (cpu + db) * 1000 / (steps + 1),
+        "db_ms": db * 1000 / (steps + 1),
         "enqueue_s": enqueue_seconds,
     }
     if kill:
@@ -205,15 +219,21 @@ def plain(side: GraphSide, jobs: int, *, processes: int, concurrency: int) -> di
     side.reset()
     group = side.workers(QUEUE, concurrency, processes)
     try:
+        cpu_before = group.cpu(side.backends())
         side.enqueue([[QUEUE, jobs, None, 1]])
         side.wait(lambda: ((n := side.succeeded()) >= jobs, n), group)
+        cpu, db = cpu_split(group, side, cpu_before)
     finally:
         group.stop()
     first, last = side.sql(
         "SELECT min(ts) FILTER (WHERE event = 'job.started'), "
         "max(ts) FILTER (WHERE event = 'job.succeeded') FROM controlplane_jobevent"
     )[0]
-    return {"rate": jobs / (last - first).total_seconds()}
+    return {
+        "rate": jobs / (last - first).total_seconds(),
+        "cpu_ms": (cpu + db) * 1000 / jobs,
+        "db_ms": db * 1000 / jobs,
+    }
 
 
 # --- target 2: chain -----------------------------------------------------------------
@@ -224,8 +244,10 @@ def chain(side: GraphSide, steps: int, *, processes: int, concurrency: int) -> d
     side.reset()
     group = side.workers(QUEUE, concurrency, processes)
     try:
+        cpu_before = group.cpu(side.backends())
         workflow_id, _ = side.enqueue_graph("chain", steps)
         side.wait(lambda: side.workflow_done(workflow_id), group)
+        cpu, db = cpu_split(group, side, cpu_before)
     finally:
         group.stop()
     rows = side.sql(
@@ -246,6 +268,8 @@ def chain(side: GraphSide, steps: int, *, processes: int, concurrency: int) -> d
         "p95_ms": percentile(gaps, 95),
         "max_ms": max(gaps),
         "other_worker": switches / (steps - 1),
+        "cpu_ms": (cpu + db) * 1000 / steps,
+        "db_ms": db * 1000 / steps,
     }
 
 
@@ -264,6 +288,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--kill", action="store_true", help="a fan-in run with a kill -9 too")
     parser.add_argument("--skip", default="", help="comma list of: fan-in, chain, plain")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="another checkout measured like --after in every round (A/B of a change)",
+    )
     args = parser.parse_args()
 
     site = Path(tempfile.mkdtemp(prefix="bench-workflows-site-"))
@@ -275,25 +306,40 @@ def main() -> None:
         if args.before
         else None
     )
+    others = []
+    for spec in args.also:
+        name, _, path = spec.partition("=")
+        others.append(GraphSide(name, Path(path).resolve(), f"bench_wf_{name}", site, keyed=True))
     skip = set(filter(None, args.skip.split(",")))
-    for side in filter(None, [before, after]):
+    for side in filter(None, [before, after, *others]):
         side.setup()
 
     k, p4 = args.concurrency, args.fan_in_processes
-    variants = []
-    if before and "plain" not in skip:
-        variants.append(("before, plain", lambda: drain(before, args.jobs, keys=0, concurrency=k)))
-        variants.append(("after, plain", lambda: drain(after, args.jobs, keys=0, concurrency=k)))
-    if "fan-in" not in skip:
-        variants.append(("fan-in", lambda: fan_in(after, args.fan_in, processes=p4, concurrency=k)))
-        variants.append(
-            (
-                f"plain x{p4}",
-                lambda: plain(after, args.fan_in, processes=p4, concurrency=k),
+    variants: list[tuple[str, Callable[[], dict[str, float]]]] = []
+    if "plain" not in skip:
+        for side in filter(None, [before, after, *others]):
+            variants.append(
+                (f"{side.name}, plain", lambda s=side: drain(s, args.jobs, keys=0, concurrency=k))
             )
+    for side in [after, *others]:
+        if "fan-in" not in skip:
+            variants.append(
+                (
+                    f"{side.name}, fan-in",
+                    lambda s=side: fan_in(s, args.fan_in, processes=p4, concurrency=k),
+                )
+            )
+        if "chain" not in skip:
+            variants.append(
+                (
+                    f"{side.name}, chain",
+                    lambda s=side: chain(s, args.chain, processes=2, concurrency=k),
+                )
+            )
+    if "fan-in" not in skip:
+        variants.append(
+            (f"after, plain x{p4}", lambda: plain(after, args.fan_in, processes=p4, concurrency=k))
         )
-    if "chain" not in skip:
-        variants.append(("chain", lambda: chain(after, args.chain, processes=2, concurrency=k)))
     results: dict[str, list[dict]] = {name: [] for name, _ in variants}
     for round_no in range(args.rounds):
         order = variants if round_no % 4 in (0, 3) else variants[::-1]  # ABBA
@@ -302,9 +348,10 @@ def main() -> None:
             results[name].append(figures)
             shown = ", ".join(f"{key} {value:,.2f}" for key, value in figures.items())
             print(f"round {round_no + 1} {name}: {shown}", flush=True)
-    killed = (
-        fan_in(after, args.fan_in, processes=p4, concurrency=k, kill=True) if args.kill else None
-    )
+    killed = {
+        side.name: fan_in(side, args.fan_in, processes=p4, concurrency=k, kill=True)
+        for side in ([after, *others] if args.kill else [])
+    }
 
     def med(name: str, key: str) -> float:
         return median([r[key] for r in results[name]])
@@ -313,51 +360,61 @@ def main() -> None:
         return ", ".join(f"{r[key]:{fmt}}" for r in results[name])
 
     print()
-    if "fan-in" in results:
-        gap = med("fan-in", "final_gap_ms")
+    for side in [after, *others]:
+        fan, line = f"{side.name}, fan-in", f"{side.name}, chain"
+        if fan in results:
+            gap = med(fan, "final_gap_ms")
+            print(
+                f"target 1 ({side.name}), fan-in {args.fan_in:,} -> 1, {p4} processes x {k}: "
+                f"final step started {gap:,.0f} ms after the last dependency's success (median;"
+                f" runs {each(fan, 'final_gap_ms')}), exactly once in every run; "
+                f"{'PASS' if gap < 1000 else 'MISS'} (target: < 1 s)"
+            )
+            print(
+                f"  dependencies drained at {med(fan, 'rate'):,.0f} steps/s (runs "
+                f"{each(fan, 'rate')}), CPU {med(fan, 'cpu_ms'):.3f} ms per step (database "
+                f"{med(fan, 'db_ms'):.3f}); "
+                f"enqueue of the workflow {med(fan, 'enqueue_s'):.1f} s"
+            )
+        if side.name in killed:
+            hit = killed[side.name]
+            print(
+                f"  with a kill -9 halfway and a reaper: final step once, every step succeeded "
+                f"once, {hit['rescued']:.0f} rescued; final {hit['final_gap_ms']:,.0f} ms "
+                f"after the last dependency; {hit['rate']:,.0f} steps/s"
+            )
+        if line in results:
+            rate = med(line, "steps_per_s")
+            print(
+                f"target 2 ({side.name}), chain of {args.chain:,}, 2 processes x {k}: "
+                f"{rate:,.0f} steps/s (runs {each(line, 'steps_per_s')}); "
+                f"{'PASS' if rate >= 100 else 'MISS'} (target: >= 100); step to step p50 "
+                f"{med(line, 'p50_ms'):.1f} ms, p95 {med(line, 'p95_ms'):.1f} ms, max "
+                f"{med(line, 'max_ms'):.1f} ms (medians; p50 runs {each(line, 'p50_ms', '.1f')},"
+                f" p95 runs {each(line, 'p95_ms', '.1f')}); CPU {med(line, 'cpu_ms'):.2f} ms "
+                f"per step (database {med(line, 'db_ms'):.2f}); next step on the other worker "
+                f"{med(line, 'other_worker'):.0%}"
+            )
+    x4 = f"after, plain x{p4}"
+    if x4 in results:
         print(
-            f"target 1, fan-in {args.fan_in:,} -> 1, {p4} processes x {k}: final step started "
-            f"{gap:,.0f} ms after the last dependency's success (median; runs "
-            f"{each('fan-in', 'final_gap_ms')}), exactly once in every run; "
-            f"{'PASS' if gap < 1000 else 'MISS'} (target: < 1 s)"
+            f"plain pings on the fan-in's workers ({args.fan_in:,}, {p4} x {k}): "
+            f"{med(x4, 'rate'):,.0f} jobs/s (runs {each(x4, 'rate')}), CPU "
+            f"{med(x4, 'cpu_ms'):.3f} ms per job (database {med(x4, 'db_ms'):.3f})"
         )
+    for side in [after, *others] if before else []:
+        a, b = f"{side.name}, plain", "before, plain"
+        if a not in results:
+            continue
+        ratio = med(a, "rate") / med(b, "rate")
+        per_round = [x["rate"] / y["rate"] for x, y in zip(results[a], results[b], strict=True)]
         print(
-            f"  dependencies drained at {med('fan-in', 'rate'):,.0f} steps/s (runs "
-            f"{each('fan-in', 'rate')}); plain pings on the same workers "
-            f"{med(f'plain x{p4}', 'rate'):,.0f} jobs/s (runs {each(f'plain x{p4}', 'rate')}); "
-            f"enqueue of the workflow {med('fan-in', 'enqueue_s'):.1f} s"
-        )
-    if killed:
-        print(
-            f"  with a kill -9 halfway and a reaper: final step once, every step succeeded "
-            f"once, {killed['rescued']:.0f} rescued; final {killed['final_gap_ms']:,.0f} ms "
-            f"after the last dependency; {killed['rate']:,.0f} steps/s"
-        )
-    if "chain" in results:
-        rate = med("chain", "steps_per_s")
-        print(
-            f"target 2, chain of {args.chain:,}, 2 processes x {k}: {rate:,.0f} steps/s (runs "
-            f"{each('chain', 'steps_per_s')}); {'PASS' if rate >= 100 else 'MISS'} "
-            f"(target: >= 100); step to step p50 {med('chain', 'p50_ms'):.1f} ms, p95 "
-            f"{med('chain', 'p95_ms'):.1f} ms, max {med('chain', 'max_ms'):.1f} ms (medians; "
-            f"p50 runs {each('chain', 'p50_ms', '.1f')}, p95 runs {each('chain', 'p95_ms', '.1f')})"
-            f"; next step on the other worker {med('chain', 'other_worker'):.0%}"
-        )
-    if "before, plain" in results:
-        ratio = med("after, plain", "rate") / med("before, plain", "rate")
-        per_round = [
-            a["rate"] / b["rate"]
-            for a, b in zip(results["after, plain"], results["before, plain"], strict=True)
-        ]
-        cpu = med("after, plain", "cpu_ms") / med("before, plain", "cpu_ms")
-        print(
-            f"target 3, {args.jobs:,} plain pings, 2 processes x {k}: after "
-            f"{med('after, plain', 'rate'):,.0f} jobs/s (runs {each('after, plain', 'rate')}), "
-            f"before {med('before, plain', 'rate'):,.0f} (runs {each('before, plain', 'rate')}); "
-            f"after / before = {ratio:.3f} on the medians, per round "
-            f"{', '.join(f'{r:.2f}' for r in per_round)} (median {median(per_round):.3f}); "
-            f"CPU per job {med('after, plain', 'cpu_ms'):.3f} / "
-            f"{med('before, plain', 'cpu_ms'):.3f} ms = {cpu:.3f}; "
+            f"target 3 ({side.name}), {args.jobs:,} plain pings, 2 processes x {k}: "
+            f"{med(a, 'rate'):,.0f} jobs/s (runs {each(a, 'rate')}), before "
+            f"{med(b, 'rate'):,.0f} (runs {each(b, 'rate')}); ratio {ratio:.3f} on the medians, "
+            f"per round {', '.join(f'{r:.2f}' for r in per_round)} (median "
+            f"{median(per_round):.3f}); CPU per job {med(a, 'cpu_ms'):.3f} / "
+            f"{med(b, 'cpu_ms'):.3f} ms = {med(a, 'cpu_ms') / med(b, 'cpu_ms'):.3f}; "
             f"{'PASS' if ratio >= 0.97 else 'MISS'} (target: within 3%)"
         )
 
