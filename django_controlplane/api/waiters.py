@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.db import close_old_connections, connections
 
@@ -69,7 +69,7 @@ class _Parked:
 class _Stats:
     checks: int = 0  # queries made (tests, diagnostics)
     woken: int = 0
-    errors: int = field(default=0)
+    errors: int = 0
 
 
 def ended_among(job_ids: Iterable[uuid.UUID], workflow_ids: Iterable[uuid.UUID]) -> set[Key]:
