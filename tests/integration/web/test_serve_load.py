@@ -107,11 +107,14 @@ def test_many_clients_get_answers_and_connections_stay_within_the_pool(serve, ma
     )
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
+    # 64 clients at once are eight times the 8 threads of the two processes: as full a
+    # queue as 128 made, in half the requests.
+    clients = 64
     with PeakConnections(served.process_names()) as peak:
-        statuses = asyncio.run(hammer(served.url, token, job_id, clients=128, per_client=8))
-    assert sum(statuses.values()) == 128 * 8
+        statuses = asyncio.run(hammer(served.url, token, job_id, clients=clients, per_client=8))
+    assert sum(statuses.values()) == clients * 8
     assert not [s for s in statuses if s >= 500 and s != 503], statuses
-    assert statuses[401] == 128 * 2 and statuses[200] > 0 and statuses[201] > 0, statuses
+    assert statuses[401] == clients * 2 and statuses[200] > 0 and statuses[201] > 0, statuses
     if connection.vendor == "postgresql":
         assert peak.peak, "no web connection was ever seen"
         assert len(peak.peak) <= served.processes, peak.peak
@@ -239,7 +242,7 @@ def test_parked_long_polls_hold_no_connection_and_one_enqueue_wakes_one(serve, m
         for i in range(4)
     ]
     parked = 200
-    wait = 12.0
+    wait = 8.0  # every request parks within a second; the rest is the wait running out
 
     async def poll_all() -> list[tuple[int, list, float]]:
         limits = httpx.Limits(max_connections=parked + 10)
