@@ -268,26 +268,32 @@ def test_complete_and_claim_skips_remote_only_operations():
     assert status(remote) == "queued"
 
 
+LOG_LEVELS = ("default", "DEBUG", "WARNING")  # "default": CONTROLPLANE_LOG_LEVEL unset
+
+
 def test_per_job_lines_are_debug_and_the_log_level_setting_wins(worker):
-    ok = enqueue("ping")
-    bad = enqueue("fail", {"message": "nope"})
-    quiet = worker(args=("--burst",))
-    assert quiet.wait(timeout=60) == 0, quiet.output()
+    # Three burst workers, one per log level, each on a queue of its own: they start
+    # together (a worker's start-up is most of this test) and see only their own jobs.
+    queues = {level: f"log-{level.lower()}-{uuid.uuid4().hex[:6]}" for level in LOG_LEVELS}
+    ok = enqueue("ping", queue=queues["default"])
+    bad = enqueue("fail", {"message": "nope"}, queue=queues["default"])
+    again = enqueue("ping", queue=queues["DEBUG"])
+    warn = enqueue("fail", {"message": "shown"}, queue=queues["WARNING"])
+    quiet = worker(queues["default"], args=("--burst",))
+    loud = worker(queues["DEBUG"], args=("--burst",), env={"CONTROLPLANE_LOG_LEVEL": "DEBUG"})
+    silent = worker(queues["WARNING"], args=("--burst",), env={"CONTROLPLANE_LOG_LEVEL": "WARNING"})
+    for proc in (quiet, loud, silent):
+        assert proc.wait(timeout=60) == 0, proc.output()
+
     out = quiet.output()
     assert "worker.started" in out and f"job.failed job_id={bad.pk}" in out
     assert "job.claimed" not in out and "job.succeeded" not in out
     assert status(ok) == "succeeded"
 
-    again = enqueue("ping")
-    loud = worker(args=("--burst",), env={"CONTROLPLANE_LOG_LEVEL": "DEBUG"})
-    assert loud.wait(timeout=60) == 0, loud.output()
     out = loud.output()
     assert f"job.claimed job_id={again.pk}" in out
     assert f"job.succeeded job_id={again.pk}" in out
 
-    warn = enqueue("fail", {"message": "shown"})
-    silent = worker(args=("--burst",), env={"CONTROLPLANE_LOG_LEVEL": "WARNING"})
-    assert silent.wait(timeout=60) == 0, silent.output()
     out = silent.output()
     assert "worker.started" not in out
     assert f"WARNING workers job.failed job_id={warn.pk}" in out  # a failure is a warning
