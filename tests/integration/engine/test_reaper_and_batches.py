@@ -46,12 +46,16 @@ def test_kill_9_then_requeue_then_fail_after_the_budget(worker, start_process):
     job = enqueue("sleep", {"seconds": 60, "emit_every": 0.2})
     env = {"CONTROLPLANE_LEASE_SECONDS": "1", "CONTROLPLANE_MAX_LEASE_REQUEUES": "1"}
     reaper = start_process("reaper", "--interval", "0.2", env=env)
-    for _ in range(2):
-        proc = worker(env=env)
-        wait_for(lambda: status(job) == "running", message="running")
-        proc.signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        wait_for(lambda: status(job) != "running", timeout=20, message="reaped")
+    first = worker(env=env)
+    wait_for(lambda: status(job) == "running", message="running")
+    first.signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    second = worker(env=env)  # starts while the first one's lease runs out
+    wait_for(lambda: count(job, "job.lease_expired_requeue") == 1, timeout=20, message="requeued")
+    wait_for(lambda: status(job) == "running", message="running again, on the second worker")
+    second.signal(signal.SIGKILL)
+    second.wait(timeout=10)
+    wait_for(lambda: status(job) != "running", timeout=20, message="reaped")
     job.refresh_from_db()
     assert job.status == "failed" and job.error_code == "LeaseExpired"
     assert count(job, "job.lease_expired_requeue") == 1

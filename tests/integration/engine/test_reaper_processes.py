@@ -40,8 +40,8 @@ def test_the_timeout_fails_a_stalled_job_and_spares_a_busy_one(worker, start_pro
     busy = enqueue("sleep", {"seconds": 60, "emit_every": 0.2})
     stalled = enqueue("sleep", {"seconds": 60, "emit_every": 30})
     proc = worker(args=("--concurrency", "2"))
+    reaper = start_process("reaper", "--interval", "0.2", env=env)  # starts beside the worker
     wait_for(lambda: status(busy) == status(stalled) == "running", message="both running")
-    reaper = start_process("reaper", "--interval", "0.2", env=env)
     wait_for(lambda: status(stalled) == "failed", timeout=30, message="the stalled job failed")
     stalled.refresh_from_db()
     assert stalled.error_code == "JobTimeout"
