@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
@@ -35,10 +36,11 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from django_controlplane.api.waiters import end_waiters
+from django_controlplane.api.waiters import JOB, end_waiters
 from django_controlplane.web.dispatch import RECEIVED_AT
 from django_controlplane.web.overload import BUSY_MESSAGE, unavailable_response
 from django_controlplane.web.threads import Busy, run_blocking
+from jobs.awaiting import wait_for_job, wait_for_workflow
 
 MAX_WAIT_SECONDS = 60.0
 WAIT_PARAMETER = OpenApiParameter(
@@ -171,6 +173,7 @@ def long_poll_view(drf_view: type[Any]) -> Any:
             return unavailable_response(BUSY_MESSAGE)
 
     async def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        """The dispatcher's: reads on the web threads, parks on the loop holding nothing."""
         loop = asyncio.get_running_loop()
         arrived = getattr(request, "scope", {}).get(RECEIVED_AT, loop.time())
         response = await read(request, kwargs)
@@ -185,9 +188,27 @@ def long_poll_view(drf_view: type[Any]) -> Any:
         shared = await shared_reads.read(key, loop.time(), lambda: read(request, kwargs))
         return shared if shared is not None else await read(request, kwargs)
 
-    view = csrf_exempt(view)
+    def waiting_read(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        """The route as every server runs it: the DRF view, through the middleware. Asked
+        to wait without the dispatcher's event loop (runserver, a WSGI server, the test
+        client), it waits here, holding its thread (``jobs.awaiting``)."""
+        response = inner(request, **kwargs)
+        parked: Park | None = getattr(response, "long_poll", None)
+        if parked is None:
+            return response
+        wait = wait_for_job if parked.kind == JOB else wait_for_workflow
+        try:
+            wait(parked.id, parked.seconds)
+        except ObjectDoesNotExist:
+            pass  # gone meanwhile: the read below says so
+        request.long_poll_done = True  # type: ignore[attr-defined]
+        return inner(request, **kwargs)
+
+    waiting_read = csrf_exempt(waiting_read)
+    # The dispatcher serves a request with ``wait`` by the async twin, on its event loop.
+    waiting_read.parks = csrf_exempt(view)  # type: ignore[attr-defined]
     # For drf-spectacular: /schema describes the route from the DRF view.
-    view.cls = drf_view  # type: ignore[attr-defined]
-    view.view_class = drf_view  # type: ignore[attr-defined]
-    view.initkwargs = {}  # type: ignore[attr-defined]
-    return view
+    waiting_read.cls = drf_view  # type: ignore[attr-defined]
+    waiting_read.view_class = drf_view  # type: ignore[attr-defined]
+    waiting_read.initkwargs = {}  # type: ignore[attr-defined]
+    return waiting_read

@@ -34,7 +34,7 @@ urlpatterns = [
     *both("jobs", views.JobListView.as_view(), "job-list"),
     *both("jobs/cancel", views.BulkCancelView.as_view(), "job-bulk-cancel"),
     *both("jobs/retry", views.BulkRetryView.as_view(), "job-bulk-retry"),
-    # Async (long_poll_view): ``?wait=S`` parks on the event loop until the job ends.
+    # ``?wait=S`` parks on the event loop until the job ends (long_poll_view: an async twin).
     *both("jobs/<str:job_id>", long_poll_view(views.JobDetailView), "job-detail"),
     *both("jobs/<str:job_id>/events", views.JobEventsView.as_view(), "job-events"),
     *both("jobs/<str:job_id>/logs", log_views.JobLogsView.as_view(), "job-logs"),

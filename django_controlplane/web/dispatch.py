@@ -7,7 +7,9 @@ the event loop and that thread several times per request. Here that cost was
 
 So each request goes one of two ways, decided by the view its path resolves to:
 
-* **async views** (the long-polling claim) go to Django's ASGI handler
+* **async views** (the long-polling claim, and a read asked to ``?wait=``
+  for an end: a sync view with a ``parks`` async twin,
+  ``django_controlplane.api.long_poll``) go to Django's ASGI handler
   without the middleware stack (``AsyncViewHandler``) and wait on the event
   loop, holding no thread and no connection; their blocking steps run on the
   web threads (``django_controlplane.web.threads.WebThreads.run``);
@@ -68,6 +70,14 @@ class AsyncViewHandler(ASGIHandler):
     does not apply, no session is read. The security headers are added by the
     dispatcher (``SECURITY_HEADERS``).
     """
+
+    def resolve_request(self, request: Any) -> Any:
+        """The route's view, or its async twin (``parks``) for a read that waits."""
+        match = super().resolve_request(request)
+        twin = getattr(match.func, "parks", None)
+        if twin is not None:
+            match.func = twin
+        return match
 
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=is_async)
@@ -138,8 +148,10 @@ class HttpDispatcher:
         path_info = path[len(root) :] if root and path.startswith(root) else path
         path_info = path_info or "/"
         if len(path_info) > MAX_REMEMBERED_PATH:
-            return _resolves_to_async_view.__wrapped__(get_resolver(), path_info)
-        return _resolves_to_async_view(get_resolver(), path_info)
+            kind = _route_kind.__wrapped__(get_resolver(), path_info)
+        else:
+            kind = _route_kind(get_resolver(), path_info)
+        return kind == ASYNC or (kind == PARKS and _asks_to_wait(scope))
 
 
 # Resolving walks the URL patterns on the event loop for every request (about
@@ -149,13 +161,24 @@ class HttpDispatcher:
 MAX_REMEMBERED_PATH = 256
 
 
+SYNC, ASYNC, PARKS = "sync", "async", "parks"  # PARKS: async only when asked to wait
+
+
 @functools.lru_cache(maxsize=4096)
-def _resolves_to_async_view(resolver: URLResolver, path_info: str) -> bool:
+def _route_kind(resolver: URLResolver, path_info: str) -> str:
     try:
         match = resolver.resolve(path_info)
     except Resolver404:
-        return False
-    return iscoroutinefunction(match.func)
+        return SYNC
+    if iscoroutinefunction(match.func):
+        return ASYNC
+    return PARKS if hasattr(match.func, "parks") else SYNC
+
+
+def _asks_to_wait(scope: Scope) -> bool:
+    """``wait`` among the query's names (its value is the view's to check)."""
+    query = scope.get("query_string", b"")
+    return any(pair.split(b"=", 1)[0] == b"wait" for pair in query.split(b"&"))
 
 
 async def read_body(scope: Scope, receive: Any, limit: int | None) -> bytes:

@@ -180,11 +180,13 @@ def test_async_view_steps_are_handed_over_one_per_thread_at_a_time():
     assert results == [None] * 5 and order == list(range(5))
 
 
-def test_only_the_long_polling_claim_is_served_as_an_async_view():
+def test_only_the_long_polling_claim_and_waiting_reads_are_served_as_async_views():
     from django_controlplane.web.dispatch import (
         MAX_REMEMBERED_PATH,
         HttpDispatcher,
-        _resolves_to_async_view,
+    )
+    from django_controlplane.web.dispatch import (
+        _route_kind as _resolves_to_async_view,
     )
 
     worker = "0339fc4f-5d09-429a-920b-99ab44f8aabf"
@@ -194,6 +196,10 @@ def test_only_the_long_polling_claim_is_served_as_an_async_view():
         assert not is_async({"path": f"/jobs/{worker}/events"})
         assert not is_async({"path": "/no/such/page"})
         assert is_async({"path": f"/cp/workers/{worker}/claim", "root_path": "/cp"})
+        # A job's read parks on the event loop only when asked to wait for its end.
+        assert not is_async({"path": f"/jobs/{worker}", "query_string": b""})
+        assert not is_async({"path": f"/jobs/{worker}", "query_string": b"waiting=1"})
+        assert is_async({"path": f"/jobs/{worker}", "query_string": b"x=1&wait=5"})
     assert _resolves_to_async_view.cache_info().hits >= 4
     remembered = _resolves_to_async_view.cache_info().currsize
     assert not is_async({"path": "/x" * MAX_REMEMBERED_PATH})

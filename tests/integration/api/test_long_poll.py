@@ -94,6 +94,39 @@ def test_a_parked_job_wait_answers_when_the_job_ends(api):
     assert out["at"] - ended < PROMPT, out["at"] - ended
 
 
+def test_a_read_without_wait_goes_through_the_middleware_and_one_with_it_parks(api):
+    job = api.post("/jobs", json={"operation": "ping"}).json()
+    plain = api.get(f"/jobs/{job['id']}")
+    assert plain.status_code == 200 and plain.headers.get("x-frame-options") == "DENY"
+    parked = api.get(f"/jobs/{job['id']}", params={"wait": 0.5})
+    assert parked.status_code == 200 and "x-frame-options" not in parked.headers
+
+
+def test_without_the_dispatcher_a_wait_holds_its_thread_and_still_answers_at_the_end(
+    transactional_db, token
+):
+    from django.test import Client
+
+    from jobs.enqueue import enqueue
+
+    job = enqueue("ping")
+
+    def later() -> None:
+        time.sleep(0.5)
+        try:
+            drain_jobs()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    started = time.monotonic()
+    response = Client().get(f"/jobs/{job.id}?wait=20", HTTP_AUTHORIZATION=f"Token {token}")
+    thread.join(10)
+    assert response.status_code == 200 and response.json()["status"] == "succeeded"
+    assert time.monotonic() - started < 15
+
+
 def test_a_wait_that_runs_out_answers_the_current_state(api):
     job = api.post("/jobs", json={"operation": "ping"}).json()
     started = time.monotonic()
