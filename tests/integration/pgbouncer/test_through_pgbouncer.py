@@ -153,16 +153,17 @@ def test_without_a_direct_url_workers_only_poll(pooled_env, start_process):
     assert not Worker.objects.filter(liveness_lock=True).exists()
 
 
-def test_web_processes_through_the_pooler(pooled_env, tmp_path):
+def test_web_processes_through_the_pooler(pooled_env, tmp_path, tmp_path_factory):
     """``manage.py serve`` with its connection pool behind PgBouncer answers the API, the
     same statements many times over (no prepared statement to lose between transactions)."""
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
-    from tests.integration.web.conftest import start_serve
+    from tests.integration.web.conftest import session_static, start_serve
 
     token = Token.objects.create(user=User.objects.create_superuser("pooled-web")).key
-    served = start_serve(tmp_path, processes=1, threads=2, env=pooled_env())
+    static = session_static(tmp_path_factory)
+    served = start_serve(tmp_path, processes=1, threads=2, env=pooled_env(), collected=static)
     try:
         headers = {"Authorization": f"Token {token}"}
         created = httpx.post(

@@ -21,7 +21,7 @@ from jobs.models import Job
 from tests.factories import claim, make_user, queued, unique_queue
 from tests.integration.api.conftest import ROLE_PERMISSIONS, Api
 from tests.integration.api.conftest import make_user as make_api_user
-from tests.integration.web.conftest import start_serve
+from tests.integration.web.conftest import session_static, start_serve
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "replica"])
 
@@ -206,7 +206,9 @@ def test_database_replica_url_configures_real_processes(replica, start_process) 
     assert "['default', 'replica'] ['jobs.replica.ReplicaRouter'] False True" in shell.output()
 
 
-def test_serve_reads_lists_from_the_replica_through_a_pool_of_its_own(replica, tmp_path) -> None:
+def test_serve_reads_lists_from_the_replica_through_a_pool_of_its_own(
+    replica, tmp_path, tmp_path_factory
+) -> None:
     """The production web setup (``manage.py serve``, pooled connections) with the setting."""
     queue = unique_queue()
     replica.pause_replay()
@@ -214,7 +216,8 @@ def test_serve_reads_lists_from_the_replica_through_a_pool_of_its_own(replica, t
     headers = api_client().headers  # made after the pause: authentication reads the primary
     url = f"postgres://postgres@127.0.0.1:{replica.port}/{replica.dbname}"
     env = {"DATABASE_REPLICA_URL": url, "CONTROLPLANE_REPLICA_MAX_LAG_SECONDS": "3600"}
-    served = start_serve(tmp_path, processes=1, threads=2, env=env)
+    static = session_static(tmp_path_factory)
+    served = start_serve(tmp_path, processes=1, threads=2, env=env, collected=static)
 
     def get(path: str, **params: str) -> httpx.Response:
         return httpx.get(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -104,10 +105,20 @@ def start_serve(
     return Served(url, proc, processes)
 
 
+def session_static(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The static files collected once per test session, for every ``start_serve`` of it
+    (read-only to the servers), whichever test asks first."""
+    return _collected_once(tmp_path_factory.getbasetemp())
+
+
+@functools.cache
+def _collected_once(session_temp: Path) -> Path:
+    return collect_static(session_temp / "collected-static")
+
+
 @pytest.fixture(scope="session")
 def collected_static(tmp_path_factory) -> Path:
-    """The static files collected once for the session's servers (read-only to them)."""
-    return collect_static(tmp_path_factory.mktemp("collected-static"))
+    return session_static(tmp_path_factory)
 
 
 @pytest.fixture
