@@ -19,6 +19,7 @@ from playwright.sync_api import expect
 from tests.conftest import FAST_KNOBS, ROOT, database_url_for_subprocess
 from tests.e2e.conftest import CHROMIUM, SERVER_KNOBS, _free_port, _wait_http
 from tests.factories import ECHO, running, tick
+from tests.integration.web.conftest import session_static
 
 pytestmark = pytest.mark.e2e
 
@@ -35,12 +36,15 @@ def server(django_db_setup, tmp_path_factory) -> Iterator[str]:
     env = {**os.environ, **FAST_KNOBS, **SERVER_KNOBS}
     env["DATABASE_URL"] = database_url_for_subprocess()
     env["PYTHONUNBUFFERED"] = "1"
-    env["CONTROLPLANE_STATIC_ROOT"] = str(logs / "static")
+    # The session's collected static files (hashed names, as serve collects them).
+    env["CONTROLPLANE_STATIC_ROOT"] = str(session_static(tmp_path_factory))
+    env["CONTROLPLANE_STATIC_MANIFEST"] = "1"
     env.pop("CONTROLPLANE_TEST_DB_NAME", None)
     log = logs / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(port), "--processes", "2"],
+            [sys.executable, "manage.py", "serve", "--port", str(port), "--processes", "2"]
+            + ["--no-collectstatic"],
             cwd=ROOT,
             env=env,
             stdout=out,
