@@ -15,11 +15,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
+from django.apps import apps
 from django.db import connections
 
-from jobs.models import Job, Workflow, WorkflowStatus
 from jobs.pooling import session_conninfo
 from jobs.states import TERMINAL
 
@@ -27,16 +28,19 @@ EVENTS_CHANNEL = "controlplane_events"
 RECHECK_SECONDS = 0.5
 FIRST_POLL_SECONDS = 0.02
 
-FINISHED_WORKFLOW = frozenset(
-    {WorkflowStatus.SUCCEEDED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED}
-)
+FINISHED_WORKFLOW = frozenset({"succeeded", "failed", "cancelled"})
 
 
-def wait_for_job(job_id: uuid.UUID | str, timeout: float, *, using: str = "default") -> Job:
+# The models by name: ``Job.wait`` and ``Workflow.wait`` call in here (no import cycle).
+def _model(name: str) -> Any:
+    return apps.get_model("controlplane", name)
+
+
+def wait_for_job(job_id: uuid.UUID | str, timeout: float, *, using: str = "default") -> Any:
     """The job once it has ended, or as it is after ``timeout`` seconds (``Job.DoesNotExist``
     if there is no such job)."""
     return _wait(
-        lambda: Job.objects.using(using).get(pk=job_id),
+        lambda: _model("Job").objects.using(using).get(pk=job_id),
         lambda job: job.status in TERMINAL,
         timeout,
         using,
@@ -45,10 +49,10 @@ def wait_for_job(job_id: uuid.UUID | str, timeout: float, *, using: str = "defau
 
 def wait_for_workflow(
     workflow_id: uuid.UUID | str, timeout: float, *, using: str = "default"
-) -> Workflow:
+) -> Any:
     """The workflow once it has ended, or as it is after ``timeout`` seconds."""
     return _wait(
-        lambda: Workflow.objects.using(using).get(pk=workflow_id),
+        lambda: _model("Workflow").objects.using(using).get(pk=workflow_id),
         lambda run: run.status in FINISHED_WORKFLOW,
         timeout,
         using,

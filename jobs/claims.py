@@ -29,10 +29,11 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from jobs.dependencies import Ended, release
+from jobs.dependencies import release
 from jobs.dialect import array_literal, dialect, int_element, quoted_element
 from jobs.events import JOB_STARTED, JOB_SUCCEEDED
 from jobs.states import QUEUED, RUNNING, SUCCEEDED, check_transition
+from jobs.status_writes import Ended
 from jobs.tables import EVENT_TABLE, JOB_TABLE, REMOTE_OPERATION_TABLE, WORKER_TABLE
 
 

@@ -36,12 +36,14 @@ from django.db import connections
 
 from jobs import events
 from jobs.conf import knob
-from jobs.dialect import Dialect, array_literal, dialect, quoted_element
+from jobs.dialect import Dialect, Now, array_literal, dialect, quoted_element
 from jobs.exceptions import ControlPlaneError, EnqueueError
-from jobs.models import OnFailure
-from jobs.states import CANCELLED, QUEUED, SUCCEEDED, TERMINAL, Status
+from jobs.models import Dependency, Job, OnFailure
+from jobs.states import CANCELLED, QUEUED, SUCCEEDED, TERMINAL
+from jobs.status_writes import Ended, Event, move_unfollowed
 from jobs.tables import DEPENDENCY_TABLE, JOB_TABLE
 from jobs.wakeups import notify_queues
+from jobs.workflow_status import hold_workflows, resume_workflows, settle_workflows
 
 ON_FAILURE_VALUES = tuple(OnFailure.values)
 # A job may wait for this many jobs at most (a fan-in of 10,000 steps into one is fine).
@@ -68,15 +70,6 @@ class Link:
     upstream: uuid.UUID
     on_failure: str
     in_call: bool  # the upstream is a job of the same enqueue call
-
-
-@dataclass(frozen=True)
-class Ended:
-    """A job whose end a transaction just wrote, to follow up (``release``)."""
-
-    id: uuid.UUID
-    status: Status
-    workflow_id: uuid.UUID | None = None
 
 
 def plan_links(specs: Sequence[Any], ids: Sequence[uuid.UUID]) -> list[Link]:
@@ -362,8 +355,6 @@ def release(ended: Sequence[Ended], *, using: str = "default") -> None:
     ``cancel`` (and, in turn, what waits for them), holds the workflows whose
     edges say ``hold``, and settles the workflows that have nothing left to run.
     """
-    from jobs.workflows import hold_workflows, settle_workflows
-
     d = dialect(using)
     workflows = {e.workflow_id for e in ended if e.workflow_id}
     frontier = list(ended)
@@ -486,14 +477,12 @@ def _unmet_after_failure(
 
 def _cancel_waiting(cancel: dict[uuid.UUID, uuid.UUID], using: str) -> list[Ended]:
     """Cancel waiting jobs whose dependency failed (by upstream, for the timeline's reason)."""
-    from jobs.transitions import Event, move
-
     by_upstream: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
     for job, upstream in cancel.items():
         by_upstream[upstream].append(job)
     ended: list[Ended] = []
     for upstream, jobs in sorted(by_upstream.items()):
-        moved = move(
+        moved = move_unfollowed(
             target=CANCELLED,
             sources=(QUEUED,),
             job_ids=sorted(jobs),
@@ -503,23 +492,14 @@ def _cancel_waiting(cancel: dict[uuid.UUID, uuid.UUID], using: str) -> list[Ende
                 message=f"dependency {upstream} did not succeed",
                 fields={"reason": "dependency_failed", "dependency": str(upstream)},
             ),
-            assign={"finished_at": _now(), "leased_until": None},
-            follow_up=False,
+            assign={"finished_at": Now(), "leased_until": None},
             using=using,
         )
         ended += [Ended(m.id, CANCELLED, w) for m, w in _workflows_of(moved, using)]
     return ended
 
 
-def _now() -> Any:
-    from jobs.dialect import Now
-
-    return Now()
-
-
 def _workflows_of(moved: Sequence[Any], using: str) -> list[tuple[Any, uuid.UUID | None]]:
-    from jobs.models import Job
-
     if not moved:
         return []
     found = dict(
@@ -538,9 +518,6 @@ def after_retry(job_ids: Sequence[uuid.UUID], *, using: str = "default") -> None
     failed are retried with it (and so on down), waiting for it again; their
     workflows run again.
     """
-    from jobs.transitions import Event, move
-    from jobs.workflows import resume_workflows
-
     d = dialect(using)
     frontier = sorted(set(job_ids))
     workflows: set[uuid.UUID] = set()
@@ -566,7 +543,7 @@ def after_retry(job_ids: Sequence[uuid.UUID], *, using: str = "default") -> None
             )
             downstream = sorted(d.read_id(r[0]) for r in cursor.fetchall())
         moved = (
-            move(
+            move_unfollowed(
                 target=QUEUED,
                 sources=(CANCELLED,),
                 job_ids=downstream,
@@ -581,7 +558,6 @@ def after_retry(job_ids: Sequence[uuid.UUID], *, using: str = "default") -> None
                     "error_code": "",
                     "error_message": "",
                 },
-                follow_up=False,
                 using=using,
             )
             if downstream
@@ -594,8 +570,6 @@ def after_retry(job_ids: Sequence[uuid.UUID], *, using: str = "default") -> None
 
 def dependency_rows(job_id: uuid.UUID, *, using: str = "default") -> list[dict[str, Any]]:
     """What a job waits for: each dependency's id, step, status, policy and whether it is met."""
-    from jobs.models import Dependency
-
     return [
         {
             "id": row["upstream_id"],

@@ -53,6 +53,7 @@ def builder_from_spec(spec: Any) -> WorkflowBuilder:
         raise EnqueueError(
             "The workflow was not enqueued: fix the fields named in 'errors'.", errors
         )
+    assert isinstance(steps, list)  # checked above
     builder = WorkflowBuilder(name=name, on_failure=on_failure)
     for index, step in enumerate(steps):
         try:

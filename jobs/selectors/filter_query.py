@@ -44,6 +44,7 @@ FILTER_KEYS: tuple[str, ...] = (
     "operation",
     "parent",
     "schedule",
+    "workflow",
     "range",
     "from",
     "to",
@@ -64,6 +65,7 @@ LABELS = {
     "operation": "operation",
     "parent": "parent job",
     "schedule": "schedule",
+    "workflow": "workflow",
     "range": "created",
     "from": "from",
     "to": "to",
@@ -98,6 +100,7 @@ class _Reader:
         texts = {name: self.texts(name) for name in ("queue", "operation")}
         parent, top_level = self.parent()
         schedule = self.identifier("schedule", "The schedule must be a schedule id.")
+        workflow = self.identifier("workflow", "The workflow must be a workflow id.")
         after = self.bound(AFTER, max)
         before = self.bound(BEFORE, min)
         when = self.choice("when", waiting.KINDS, f"Choose {' or '.join(waiting.KINDS)}")
@@ -119,6 +122,7 @@ class _Reader:
             payload=payload,
             ids=ids,
             schedule=schedule,
+            workflow=workflow,
             errors=self.errors,
             raw=self.raw,
             payload_text=payload_text,

@@ -73,6 +73,8 @@ class JobFilters:
     payload: dict[str, Any] | None = None
     ids: tuple[uuid.UUID, ...] = ()
     schedule: uuid.UUID | None = None
+    # A workflow's steps (``job_workflow_idx``).
+    workflow: uuid.UUID | None = None
     errors: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     raw: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     payload_text: str = field(default="", compare=False, repr=False)
@@ -101,6 +103,8 @@ class JobFilters:
             out.append(("parent", str(self.parent)))
         if self.schedule is not None:
             out.append(("schedule", str(self.schedule)))
+        if self.workflow is not None:
+            out.append(("workflow", str(self.workflow)))
         if self.range:
             out.append(("range", self.range))
         if self.created_after is not None:
@@ -140,6 +144,8 @@ class JobFilters:
                 out[name] = getattr(self, name)
         if self.schedule is not None:
             out["schedule"] = str(self.schedule)
+        if self.workflow is not None:
+            out["workflow"] = str(self.workflow)
         if self.payload is not None:
             out["payload"] = self.payload
         if self.ids:
@@ -179,6 +185,8 @@ class JobFilters:
             qs = qs.filter(pk__in=self.ids)
         if self.schedule is not None:
             qs = qs.filter(schedule_id=self.schedule)
+        if self.workflow is not None:
+            qs = qs.filter(workflow_id=self.workflow)
         if self.q:
             qs = qs.filter(text_query(self.q))
         if self.payload is not None:
@@ -203,7 +211,8 @@ class JobFilters:
 
     def matches(self, job: dict[str, Any], *, now: datetime | None = None) -> bool:
         """Whether a job summary (``id``, ``status``, ``queue``, ``operation``, ``parent_id``,
-        ``schedule_id``, ``created_at``, ``payload``, ``error_*``) passes these filters."""
+        ``schedule_id``, ``workflow_id``, ``created_at``, ``payload``, ``error_*``) passes these
+        filters."""
         if self.status and job["status"] not in self.status:
             return False
         if self.when and not self._matches_when(job, now):
@@ -220,6 +229,8 @@ class JobFilters:
         if self.ids and str(job["id"]) not in {str(i) for i in self.ids}:
             return False
         if self.schedule is not None and str(job.get("schedule_id") or "") != str(self.schedule):
+            return False
+        if self.workflow is not None and str(job.get("workflow_id") or "") != str(self.workflow):
             return False
         since = self.since(now)
         if since and job["created_at"] < since:
