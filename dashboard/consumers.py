@@ -19,7 +19,6 @@ from django.http import QueryDict
 
 from dashboard import detail as detail_reads
 from dashboard import render, selectors
-from dashboard.filters import read_dashboard_filters
 from dashboard.relay import (
     LIST_GROUP,
     SUMMARY_PAGES,
@@ -32,7 +31,7 @@ from dashboard.relay import (
 from dashboard.workflow_graph import workflow_graph
 from jobs.models import Job, Workflow
 from jobs.permissions import role_of
-from jobs.selectors import JobFilters, parse_timestamp, parse_uuid
+from jobs.selectors import JobFilters, parse_timestamp, parse_uuid, read_job_filters
 from jobs.selectors.counts import capped_count
 from jobs.selectors.timeouts import bounded_reads
 
@@ -117,7 +116,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             if not isinstance(ids, list):
                 return None
             query = spec.get("query")
-            filters = read_dashboard_filters(QueryDict(query if isinstance(query, str) else ""))
+            filters = read_job_filters(QueryDict(query if isinstance(query, str) else ""))
             self.newest = parse_timestamp(spec.get("newest")) if spec.get("first_page") else None
             self.new_ids = set()
             self.new_base = 0

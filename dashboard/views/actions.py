@@ -14,13 +14,12 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from dashboard.db import timeout_response
-from dashboard.filters import read_dashboard_filters
 from dashboard.views.common import action, base_context, refused
 from jobs import bulk_actions, operator_actions
 from jobs.exceptions import JobNotFound
 from jobs.queue_limits import LimitError, check_cap, parse_rate
 from jobs.retention import FINAL_STATUSES, RetentionError, parse_days
-from jobs.selectors import parse_uuid
+from jobs.selectors import parse_uuid, read_job_filters
 from jobs.selectors.timeouts import is_timeout
 
 VERBS = {"cancel": ("Cancel", "Cancelled", "cancelled"), "retry": ("Retry", "Retried", "retried")}
@@ -110,7 +109,7 @@ def bulk(request: HttpRequest) -> HttpResponse:
     The filters travel in the query string (as on the list), the selection
     and the action in the form.
     """
-    filters = read_dashboard_filters(request.GET)
+    filters = read_job_filters(request.GET)
     if filters.errors:
         # A filter that is reported and not applied would widen the action to
         # jobs the operator never meant: refuse instead.

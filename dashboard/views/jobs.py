@@ -12,7 +12,7 @@ from django.utils import timezone
 from dashboard import detail as detail_reads
 from dashboard import render as fragments
 from dashboard import selectors
-from dashboard.filters import read_dashboard_filters, when_tabs
+from dashboard.filters import when_tabs
 from dashboard.views.common import base_context, no_store, page
 from jobs.models import Job, RemoteOperation
 from jobs.operations import registry
@@ -23,6 +23,7 @@ from jobs.selectors import (
     job_count,
     parse_timestamp,
     parse_uuid,
+    read_job_filters,
 )
 from jobs.selectors.counts import capped_count
 
@@ -32,7 +33,7 @@ LEVEL_FILTERS = (("", "All"), ("warning", "Warnings and errors"), ("error", "Err
 
 def _list_context(request: HttpRequest) -> dict:
     loaded_at = timezone.now()  # before the reads: later changes reach the page live
-    filters = read_dashboard_filters(request.GET)
+    filters = read_job_filters(request.GET)
     after, before = request.GET.get("after", ""), request.GET.get("before", "")
     cursor_error = ""
     try:
@@ -77,7 +78,7 @@ def job_list_live(request: HttpRequest) -> HttpResponse:
     html = fragments.rows_oob(selectors.job_rows(ids), role)
     newest = parse_timestamp(request.GET.get("newest"))
     if newest is not None:
-        filters = read_dashboard_filters(request.GET)
+        filters = read_job_filters(request.GET)
         fresh = capped_count(filters.apply(Job.objects.filter(created_at__gt=newest)), limit=999)
         if fresh.value:
             html += fragments.new_jobs_banner(fresh.value, filters.querystring(), many=fresh.capped)
@@ -87,7 +88,7 @@ def job_list_live(request: HttpRequest) -> HttpResponse:
 @page
 def job_list_count(request: HttpRequest) -> HttpResponse:
     """The list's count, loaded after the page: a rare filter may take a second to count."""
-    filters = read_dashboard_filters(request.GET)
+    filters = read_job_filters(request.GET)
     total = job_count(filters, estimate_table=True)
     context = {"total": total if total.known else None, "filters": filters, "counted": True}
     return HttpResponse(render_to_string(f"{fragments.LIST_TEMPLATE}#total", context))

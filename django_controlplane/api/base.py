@@ -114,6 +114,7 @@ FILTER_PARAMETERS = [
         "q", OpenApiTypes.STR, description="Free text over id (or id prefix), operation and error."
     ),
     OpenApiParameter("schedule", OpenApiTypes.UUID, description="The jobs this schedule fired."),
+    OpenApiParameter("workflow", OpenApiTypes.UUID, description="The steps of this workflow."),
     OpenApiParameter("from", OpenApiTypes.DATETIME, description="As created_after."),
     OpenApiParameter("to", OpenApiTypes.DATETIME, description="As created_before."),
     OpenApiParameter(

@@ -52,7 +52,6 @@ from django_controlplane.api.serializers import (
     validated,
 )
 from django_controlplane.api.waiters import JOB, JOB_ENDED
-from django_controlplane.api.workflow_reads import with_workflow
 from django_controlplane.remote import views as remote_views
 from jobs import operator_actions, replica, selectors
 from jobs.enqueue import enqueue
@@ -68,7 +67,7 @@ TIMEOUT_MESSAGE = (
 
 
 class JobListView(ApiView):
-    query_parameters = (*selectors.FILTER_KEYS, "workflow", "cursor", "limit", "count")
+    query_parameters = (*selectors.FILTER_KEYS, "cursor", "limit", "count")
     required_permissions = {"GET": VIEW, "POST": ADD}
 
     @extend_schema(
@@ -76,9 +75,6 @@ class JobListView(ApiView):
         summary="List jobs, newest first",
         parameters=[
             *FILTER_PARAMETERS,
-            OpenApiParameter(
-                "workflow", OpenApiTypes.UUID, description="The steps of this workflow."
-            ),
             OpenApiParameter("cursor", OpenApiTypes.STR, description="From the previous 'next'."),
             OpenApiParameter(
                 "limit",
@@ -116,12 +112,6 @@ class JobListView(ApiView):
     def _list(self, request: Request, *, bounded: bool) -> HttpResponseBase:
         params = request.query_params
         filters = selectors.job_filters_from_query(params)
-        workflow = params.get("workflow")
-        if workflow not in (None, ""):
-            found = selectors.parse_uuid(workflow)
-            if found is None:
-                raise ValidationError({"workflow": ["The workflow must be a workflow id."]})
-            filters = with_workflow(filters, found)
         limit = selectors.parse_limit(
             params.get("limit"),
             default=selectors.DEFAULT_PAGE_SIZE,

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, fields
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, Sum, TextField
+from django.db.models import Count, Q, Sum, TextField
 from django.db.models.functions import Cast, Length
 
 from jobs.conf import knob
 from jobs.dependencies import DependencyResultsTooLarge
 from jobs.models import Dependency, Job, Workflow, WorkflowStatus
-from jobs.selectors import InvalidFilter, JobFilters
+from jobs.selectors import InvalidFilter
 from jobs.selectors.jobs import JobCursor
 from jobs.workflows import step_counts
 
@@ -39,30 +38,6 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 ID_CHUNK = 2000  # ids per IN list (SQLite bounds a statement's parameters)
 WORKFLOW_STATES: tuple[str, ...] = tuple(WorkflowStatus.values)
-
-
-# --- the job list's workflow filter ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WorkflowJobFilters(JobFilters):
-    """``JobFilters`` and ``workflow``: the steps of one workflow (``GET /jobs?workflow=<id>``).
-
-    Served by the ``job_workflow_idx`` index (workflow, status). Equality and
-    hashing include ``workflow`` (the list's statement cache keys on filters).
-    """
-
-    workflow: uuid.UUID | None = None
-
-    def apply(self, queryset: QuerySet[Any], *, now: datetime | None = None) -> QuerySet[Any]:
-        qs = super().apply(queryset, now=now)
-        return qs if self.workflow is None else qs.filter(workflow_id=self.workflow)
-
-
-def with_workflow(filters: JobFilters, workflow: uuid.UUID) -> WorkflowJobFilters:
-    return WorkflowJobFilters(
-        **{f.name: getattr(filters, f.name) for f in fields(filters)}, workflow=workflow
-    )
 
 
 # --- the list ---------------------------------------------------------------------------
