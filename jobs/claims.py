@@ -35,6 +35,7 @@ from jobs.events import JOB_STARTED, JOB_SUCCEEDED
 from jobs.states import QUEUED, RUNNING, SUCCEEDED, check_transition
 from jobs.status_writes import Ended
 from jobs.tables import EVENT_TABLE, JOB_TABLE, REMOTE_OPERATION_TABLE, WORKER_TABLE
+from jobs.wakeups import notify_queues
 
 
 @dataclass(frozen=True)
@@ -468,7 +469,7 @@ def _completion_update(
             ]
     # A job whose end releases others or settles a workflow (jobs.dependencies)
     # is left out of the one-statement write, which has no transaction to
-    # follow it up in: ``_complete_followed`` writes it, ``followed=True``.
+    # follow it up in: ``complete_followed`` writes it, ``followed=True``.
     flag = f"({JOB_TABLE}.has_dependents OR {JOB_TABLE}.workflow_id IS NOT NULL)"
     follow = f"AND {flag} " if followed else f"AND NOT {flag} "
     sql = (
@@ -510,7 +511,7 @@ def complete_jobs(completions: Sequence[Completion], *, using: str = "default") 
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             rows = _update_with_events(cursor, d, update, params, completions, now)
         moved = [d.read_id(r[0]) for r in rows]
-    return moved + complete_followed(left_out(completions, moved), using=using)
+    return moved + complete_followed(left_out(completions, moved), using=using)[0]
 
 
 def _update_with_events(
@@ -536,21 +537,41 @@ def left_out(completions: Sequence[Completion], moved: Sequence[uuid.UUID]) -> l
     return [c for c in completions if c.job_id not in done]
 
 
+@dataclass(frozen=True)
+class Handoff:
+    """A worker's claim made in the transaction that releases jobs (``complete_followed``)."""
+
+    queues: Sequence[str]
+    worker_id: uuid.UUID
+    limit: int
+    lease_seconds: float
+    local_operations: Collection[str] | None = None
+
+
 def complete_followed(
-    completions: Sequence[Completion], *, using: str = "default"
-) -> list[uuid.UUID]:
+    completions: Sequence[Completion],
+    *,
+    handoff: Handoff | None = None,
+    using: str = "default",
+) -> tuple[list[uuid.UUID], list[ClaimedJob]]:
     """running -> succeeded of jobs whose end releases others, and that release, in one
     transaction (``jobs.dependencies.release``). Moves nothing for lost leases.
 
     ``complete_jobs`` calls it for what its one statement left out;
     ``complete_and_claim`` does not (its claims are committed by then): its
     caller passes it the completions it did not move (``left_out``).
+
+    With ``handoff`` the worker claims, in the same transaction, up to as many
+    jobs as the release made claimable (a chain's next step goes to the worker
+    that ended the step before, without a NOTIFY round trip); only the queues
+    of what it left are woken. Returns the ids that moved and the jobs claimed.
     """
     if not completions:
-        return []
+        return [], []
     d = dialect(using)
     now = None if d.postgres else timezone.now()
     update, params = _completion_update(d, completions, now, followed=True)
+    claimed: list[ClaimedJob] = []
     with transaction.atomic(using=using, savepoint=False), connections[using].cursor() as cursor:
         if d.postgres:
             cursor.execute(
@@ -566,9 +587,22 @@ def complete_followed(
                 for r in _update_with_events(cursor, d, update, params, completions, now)
             ]
         ended = [Ended(d.read_id(r[0]), SUCCEEDED, d.read_uuid(r[1])) for r in rows]
-        if ended:
-            release(ended, using=using)
-    return [e.id for e in ended]
+        released = release(ended, notify=handoff is None, using=using) if ended else []
+        if handoff is not None and released:
+            mine = sum(1 for _, queue in released if queue in handoff.queues)
+            if mine and handoff.limit > 0:
+                claimed = claim_jobs(
+                    queues=handoff.queues,
+                    worker_id=handoff.worker_id,
+                    limit=min(handoff.limit, mine),
+                    lease_seconds=handoff.lease_seconds,
+                    local_operations=handoff.local_operations,
+                    using=using,
+                )
+            taken = {job.id for job in claimed}
+            left = sorted({queue for job, queue in released if job not in taken})
+            notify_queues(left, using=using)
+    return [e.id for e in ended], claimed
 
 
 # --- both at once -------------------------------------------------------------

@@ -347,25 +347,35 @@ def _mark_new_jobs(
         )
 
 
-def release(ended: Sequence[Ended], *, using: str = "default") -> None:
+def release(
+    ended: Sequence[Ended], *, using: str = "default", notify: bool = True
+) -> list[tuple[uuid.UUID, str]]:
     """Follow up the end of ``ended`` jobs, inside the transaction that wrote it.
 
-    Meets their edges, starts the jobs left with nothing to wait for (and
-    wakes their queues), cancels those whose failed dependency says
-    ``cancel`` (and, in turn, what waits for them), holds the workflows whose
-    edges say ``hold``, and settles the workflows that have nothing left to run.
+    Meets their edges, makes the jobs left with nothing to wait for
+    claimable (and wakes their queues, unless ``notify`` is False: the caller
+    claims them in this transaction, ``jobs.claims.complete_followed``),
+    cancels those whose failed dependency says ``cancel`` (and, in turn, what
+    waits for them), holds the workflows whose edges say ``hold``, and
+    settles the workflows that have nothing left to run. Returns ``(id,
+    queue)`` of the jobs made claimable.
     """
     d = dialect(using)
     workflows = {e.workflow_id for e in ended if e.workflow_id}
     frontier = list(ended)
+    started: list[tuple[uuid.UUID, str]] = []
+    # Workflows with a step this transaction counted down and left queued (its row is
+    # locked here): none can settle now, and that step's own end settles it later.
+    busy: set[uuid.UUID] = set()
+    only_successes = True
     while frontier:
         succeeded = [e.id for e in frontier if e.status == SUCCEEDED]
         failed = [e.id for e in frontier if e.status != SUCCEEDED]
+        only_successes = only_successes and not failed
         with connections[using].cursor() as cursor:
-            met = _meet(cursor, d, succeeded, everything=True) + _meet(
-                cursor, d, failed, everything=False
-            )
-            released = _count_down(cursor, d, Counter(met))
+            counted = _count_down(cursor, d, _meet(cursor, d, succeeded, failed))
+            released = [(job, queue) for job, queue, runs, _ in counted if runs]
+            busy |= {workflow for _, _, _, workflow in counted if workflow is not None}
             cancel: dict[uuid.UUID, uuid.UUID] = {}
             held: set[uuid.UUID] = set()
             if failed:
@@ -375,13 +385,18 @@ def release(ended: Sequence[Ended], *, using: str = "default") -> None:
                     elif policy == OnFailure.HOLD and workflow is not None:
                         held.add(workflow)
         if released:
-            notify_queues(sorted({queue for _, queue in released}), using=using)
+            started += released
+            if notify:
+                notify_queues(sorted({queue for _, queue in released}), using=using)
         if held:
             hold_workflows(held, using=using)
         frontier = _cancel_waiting(cancel, using) if cancel else []
         workflows |= {e.workflow_id for e in frontier if e.workflow_id}
+    if only_successes:
+        workflows -= busy
     if workflows:
         settle_workflows(sorted(workflows), using=using)
+    return started
 
 
 def _id_array(ids: Iterable[uuid.UUID]) -> str:
@@ -390,56 +405,61 @@ def _id_array(ids: Iterable[uuid.UUID]) -> str:
 
 
 def _meet(
-    cursor: Any, d: Dialect, upstreams: Sequence[uuid.UUID], *, everything: bool
-) -> list[uuid.UUID]:
-    """Mark the unmet edges from ``upstreams`` met (all, or only ``run`` ones); their jobs."""
-    if not upstreams:
-        return []
-    policy = "" if everything else " AND on_failure = 'run'"
+    cursor: Any, d: Dialect, succeeded: Sequence[uuid.UUID], failed: Sequence[uuid.UUID]
+) -> Counter[uuid.UUID]:
+    """Mark met the unmet edges from ``succeeded`` jobs, and the ``run`` edges from ``failed``
+    ones; how many each waiting job got.
+
+    PostgreSQL: one statement, which also locks the waiting jobs' rows in id
+    order, so transactions meeting edges of the same jobs (a diamond's two
+    sides ending at once) queue up, never deadlock.
+    """
+    if not succeeded and not failed:
+        return Counter()
     if d.postgres:
         cursor.execute(
-            f"UPDATE {DEPENDENCY_TABLE} SET met = TRUE WHERE upstream_id = ANY(%s::uuid[]) "
-            f"AND NOT met{policy} RETURNING job_id",
-            [_id_array(upstreams)],
+            f"WITH met AS (UPDATE {DEPENDENCY_TABLE} SET met = TRUE "
+            "WHERE NOT met AND (upstream_id = ANY(%s::uuid[]) "
+            "OR (upstream_id = ANY(%s::uuid[]) AND on_failure = 'run')) RETURNING job_id) "
+            "SELECT j.id, (SELECT count(*) FROM met WHERE met.job_id = j.id) "
+            f"FROM {JOB_TABLE} j WHERE j.id IN (SELECT job_id FROM met) "
+            "ORDER BY j.id FOR NO KEY UPDATE OF j",
+            [_id_array(succeeded), _id_array(failed)],
         )
-    else:
-        params: list[Any] = [d.uuid(u) for u in upstreams]
-        cursor.execute(
-            f"UPDATE {DEPENDENCY_TABLE} SET met = 1 WHERE upstream_id IN {d.in_list(len(params))} "
-            f"AND NOT met{policy} RETURNING job_id",
-            params,
-        )
-    return [d.read_id(r[0]) for r in cursor.fetchall()]
+        return Counter({r[0]: int(r[1]) for r in cursor.fetchall()})
+    met: list[Any] = []
+    for upstreams, policy in ((succeeded, ""), (failed, " AND on_failure = 'run'")):
+        if upstreams:
+            params = [d.uuid(u) for u in upstreams]
+            cursor.execute(
+                f"UPDATE {DEPENDENCY_TABLE} SET met = 1 WHERE upstream_id IN "
+                f"{d.in_list(len(params))} AND NOT met{policy} RETURNING job_id",
+                params,
+            )
+            met += [d.read_id(r[0]) for r in cursor.fetchall()]
+    return Counter(met)
 
 
-def _count_down(cursor: Any, d: Dialect, met: Counter[uuid.UUID]) -> list[tuple[uuid.UUID, str]]:
-    """Lower each job's count by its edges just met; the queued ones left at 0 become claimable.
-
-    Row locks are taken in id order, so transactions meeting edges of the
-    same jobs (a diamond's two sides ending at once) queue up, never deadlock.
-    Returns ``(id, queue)`` of the jobs released.
+def _count_down(
+    cursor: Any, d: Dialect, met: Counter[Any]
+) -> list[tuple[uuid.UUID, str, bool, uuid.UUID | None]]:
+    """Lower each job's count by its edges just met (rows locked by ``_meet``); the queued ones
+    left at 0 become claimable. Returns, for each job still queued, ``(id, queue, released,
+    workflow id)``.
     """
     if not met:
         return []
     ids = sorted(met)
     now_sql, now_params = d.now()
-    release_sql = (
-        f"run_after = CASE WHEN status = 'queued' AND waiting_for - v.n <= 0 "
-        f"THEN {now_sql} ELSE run_after END"
-    )
+    columns = "id, queue, status, waiting_for, run_after IS NOT NULL, workflow_id"
     if d.postgres:
-        params = [_id_array(ids), array_literal(str(met[i]) for i in ids)]
-        cursor.execute(
-            f"SELECT id FROM {JOB_TABLE} WHERE id = ANY(%s::uuid[]) ORDER BY id FOR NO KEY UPDATE",
-            [params[0]],
-        )
         cursor.execute(
             f"UPDATE {JOB_TABLE} j SET waiting_for = j.waiting_for - v.n, "
             f"run_after = CASE WHEN j.status = 'queued' AND j.waiting_for - v.n <= 0 "
             f"THEN {now_sql} ELSE j.run_after END "
             "FROM unnest(%s::uuid[], %s::int[]) AS v(id, n) WHERE j.id = v.id "
-            "RETURNING j.id, j.queue, j.status, j.waiting_for, j.run_after IS NOT NULL",
-            [*now_params, *params],
+            f"RETURNING {', '.join('j.' + c for c in columns.split(', '))}",
+            [*now_params, _id_array(ids), array_literal(str(met[i]) for i in ids)],
         )
         rows = cursor.fetchall()
     else:
@@ -447,12 +467,16 @@ def _count_down(cursor: Any, d: Dialect, met: Counter[uuid.UUID]) -> list[tuple[
         for i in ids:
             cursor.execute(
                 f"UPDATE {JOB_TABLE} SET waiting_for = waiting_for - %s, "
-                f"{release_sql.replace('v.n', '%s')} WHERE id = %s "
-                "RETURNING id, queue, status, waiting_for, run_after IS NOT NULL",
+                f"run_after = CASE WHEN status = 'queued' AND waiting_for - %s <= 0 "
+                f"THEN {now_sql} ELSE run_after END WHERE id = %s RETURNING {columns}",
                 [met[i], met[i], *now_params, d.uuid(i)],
             )
             rows += cursor.fetchall()
-    return [(d.read_id(r[0]), r[1]) for r in rows if r[2] == QUEUED and r[3] <= 0 and r[4]]
+    return [
+        (d.read_id(r[0]), r[1], r[3] <= 0 and bool(r[4]), d.read_uuid(r[5]))
+        for r in rows
+        if r[2] == QUEUED
+    ]
 
 
 def _unmet_after_failure(

@@ -52,6 +52,7 @@ from jobs.batches import claim_messages
 from jobs.claims import (
     ClaimedJob,
     Completion,
+    Handoff,
     claim_jobs,
     complete_and_claim,
     complete_followed,
@@ -568,7 +569,9 @@ class JobWorker:
         self._submit_jobs(jobs)
         left = left_out(batch, moved)
         if left:
-            batch, moved = self._complete_followed(batch, left, moved)
+            room = max(0, limit - len(jobs))
+            batch, moved, handed = self._complete_followed(batch, left, moved, queues, room)
+            jobs += handed
         self._finish(batch, moved)
         if not jobs:
             self._queue_settings_read = 0.0  # as in _claim_pass: a queue may have become keyed
@@ -810,15 +813,37 @@ class JobWorker:
             self.wake.set()
 
     def _complete_followed(
-        self, batch: list[Completion], left: list[Completion], moved: list
-    ) -> tuple[list[Completion], list]:
+        self,
+        batch: list[Completion],
+        left: list[Completion],
+        moved: list,
+        queues: Sequence[str],
+        room: int,
+    ) -> tuple[list[Completion], list, list[ClaimedJob]]:
         """Write the successes a cycle's one statement left out (jobs whose end releases
-        others: ``complete_followed``). Kept for the next cycle when the database is away
-        (the leases are still ours). Returns the batch to finish and what moved."""
-        try:
-            moved = moved + with_db_retry(
-                lambda: complete_followed(left), what="complete_followed", attempts=3
+        others: ``complete_followed``), claiming up to ``room`` of the jobs they release in
+        the same transaction (a chain's next step stays here, with no NOTIFY round trip).
+        Kept for the next cycle when the database is away (the leases are still ours).
+        Returns the batch to finish, what moved and the jobs claimed (already submitted)."""
+        handoff = (
+            Handoff(
+                queues=queues,
+                worker_id=self.id,
+                limit=room,
+                lease_seconds=self.config.lease_seconds,
+                local_operations=self._local_operations,
             )
+            if room > 0
+            else None
+        )
+        claimed: list[ClaimedJob] = []
+        try:
+            written, claimed = with_db_retry(
+                lambda: complete_followed(left, handoff=handoff),
+                what="complete_followed",
+                attempts=3,
+            )
+            moved = moved + written
         except Exception as error:
             if not is_transient(error):
                 raise
@@ -826,7 +851,8 @@ class JobWorker:
                 self._completions[:0] = left
             kept = {c.job_id for c in left}
             batch = [c for c in batch if c.job_id not in kept]
-        return batch, moved
+        self._submit_jobs(claimed)
+        return batch, moved, claimed
 
     def _flush_completions(self) -> None:
         """Write every pending success in one transaction (each still fenced by its token)."""
