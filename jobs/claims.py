@@ -74,6 +74,9 @@ class ClaimedJob:
     timeout_seconds: float | None = None
     # The enqueuer's trace context (``Job.trace_context``): the run span's parent.
     trace_context: dict[str, str] | None = None
+    # Others wait for it or it is a workflow's step: its success is written with what it
+    # releases (``complete_followed``), not by the cycle's one statement.
+    followed: bool = False
 
 
 # --- claim ----------------------------------------------------------------
@@ -81,7 +84,7 @@ class ClaimedJob:
 _RETURNING = (
     "RETURNING id, operation, queue, payload, attempts, max_attempts, parent_id, "
     "lease_token, last_event_seq, (expires_at IS NOT NULL AND expires_at <= {now}) AS expired, "
-    "timeout_seconds, trace_context"
+    "timeout_seconds, trace_context, (has_dependents OR workflow_id IS NOT NULL) AS followed"
 )
 # PostgreSQL only (data-modifying CTEs): the database's clock, as the UPDATE beside them.
 _STARTED_EVENT = (
@@ -221,6 +224,7 @@ def _claimed(d: Any, r: Sequence[Any]) -> ClaimedJob:
         expired=bool(r[9]),
         timeout_seconds=r[10],
         trace_context=d.read_json(r[11]),
+        followed=bool(r[12]),
     )
 
 
@@ -665,8 +669,9 @@ def complete_and_claim(
         f"WITH done AS ({done}, v.column6 AS duration_ms), claimed AS ({claim}), "
         f"ev AS (INSERT INTO {_EVENT_COLUMNS} {_SUCCEEDED_EVENT} UNION ALL {_STARTED_EVENT}) "
         "SELECT id, operation, queue, payload, attempts, max_attempts, parent_id, lease_token, "
-        "last_event_seq, expired, timeout_seconds, trace_context FROM claimed UNION ALL "
-        "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done"
+        "last_event_seq, expired, timeout_seconds, trace_context, followed FROM claimed "
+        "UNION ALL SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+        "NULL FROM done"
     )
     with connections[using].cursor() as cursor:
         runner = this_process()

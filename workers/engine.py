@@ -100,6 +100,11 @@ _VALUE_ERRORS = (DataError, ValueError, TypeError, OverflowError)
 GATHER_SECONDS = 0.005
 
 
+def _is_followed(flight: object) -> bool:
+    """A run of a job whose success releases others (``ClaimedJob.followed``)."""
+    return isinstance(flight, InFlight) and flight.job.followed
+
+
 class JobThreads:
     """``size`` threads fed by one queue: handing a job over is one C call.
 
@@ -518,12 +523,22 @@ class JobWorker:
         Plain queues: one statement (``complete_and_claim``). With ``keyed``
         queues, their claims (``jobs.keyed_claims``) follow in the same
         transaction; writing the completions on their own first took a second
-        commit per cycle (bench/flow_keys.py).
+        commit per cycle (bench/flow_keys.py). Successes of jobs others wait for
+        go first, in a transaction of their own that also claims what they
+        release (``_complete_followed``): a chain's next step starts before
+        this cycle's statement runs.
         """
         with self._lock:
             batch, self._completions = self._completions, []
             free = self.config.concurrency - len(self._flights) + len(batch)
+            followed = [c for c in batch if _is_followed(self._flights.get(c.job_id))]
         limit = free if free > 0 and self._may_claim() else 0
+        handed: list[ClaimedJob] = []
+        if followed:
+            plain = [c for c in batch if not _is_followed(self._flights.get(c.job_id))]
+            done, written, handed = self._complete_followed(followed, followed, [], queues, limit)
+            self._finish(done, written)
+            batch, limit = plain, max(0, limit - len(handed))
         retry: list[float] = []
 
         def cycle() -> tuple[list[uuid.UUID], list[ClaimedJob]]:
@@ -567,11 +582,12 @@ class JobWorker:
         if retry:
             self._key_token_due = min(self._key_token_due, time.monotonic() + min(retry))
         self._submit_jobs(jobs)
+        jobs += handed
         left = left_out(batch, moved)
-        if left:
+        if left:  # others came to wait for these after they were claimed
             room = max(0, limit - len(jobs))
-            batch, moved, handed = self._complete_followed(batch, left, moved, queues, room)
-            jobs += handed
+            batch, moved, more = self._complete_followed(batch, left, moved, queues, room)
+            jobs += more
         self._finish(batch, moved)
         if not jobs:
             self._queue_settings_read = 0.0  # as in _claim_pass: a queue may have become keyed
