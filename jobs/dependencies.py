@@ -592,18 +592,13 @@ def after_retry(job_ids: Sequence[uuid.UUID], *, using: str = "default") -> None
         resume_workflows(sorted(workflows), using=using)
 
 
-def dependency_rows(job_id: uuid.UUID, *, using: str = "default") -> list[dict[str, Any]]:
-    """What a job waits for: each dependency's id, step, status, policy and whether it is met."""
-    return [
-        {
-            "id": row["upstream_id"],
-            "step": row["upstream__step"],
-            "operation": row["upstream__operation"],
-            "status": row["upstream__status"],
-            "on_failure": row["on_failure"],
-            "met": row["met"],
-        }
-        for row in Dependency.objects.using(using)
+def dependency_rows(
+    job_id: uuid.UUID, *, limit: int | None = None, using: str = "default"
+) -> list[dict[str, Any]]:
+    """What a job waits for (the first ``limit``, in the order given): each dependency's id,
+    step, operation, status, policy and whether it is met."""
+    rows = (
+        Dependency.objects.using(using)
         .filter(job_id=job_id)
         .order_by("id")
         .values(
@@ -614,6 +609,17 @@ def dependency_rows(job_id: uuid.UUID, *, using: str = "default") -> list[dict[s
             "on_failure",
             "met",
         )
+    )
+    return [
+        {
+            "id": row["upstream_id"],
+            "step": row["upstream__step"],
+            "operation": row["upstream__operation"],
+            "status": row["upstream__status"],
+            "on_failure": row["on_failure"],
+            "met": row["met"],
+        }
+        for row in (rows if limit is None else rows[:limit])
     ]
 
 

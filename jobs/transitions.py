@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -183,38 +184,24 @@ def _write(
     using: str = "default",
 ) -> list[Moved]:
     """The guarded UPDATE behind ``move`` and ``rewrite``, with its events."""
-    if follow_up:
-        # The end and what it releases commit together (no savepoint inside a caller's).
-        with transaction.atomic(using=using, savepoint=False):
-            moved, ended = write_status(
-                status=status,
-                status_in=status_in,
-                event=event,
-                job_ids=job_ids,
-                where=where,
-                where_params=where_params,
-                lease_token=lease_token,
-                assign=assign,
-                at=at,
-                follow_up=True,
-                using=using,
-            )
-            if ended:
-                release(ended, using=using)
-            return moved
-    moved, _ = write_status(
-        status=status,
-        status_in=status_in,
-        event=event,
-        job_ids=job_ids,
-        where=where,
-        where_params=where_params,
-        lease_token=lease_token,
-        assign=assign,
-        at=at,
-        follow_up=False,
-        using=using,
-    )
+    # The end and what it releases commit together (no savepoint inside a caller's).
+    scope = transaction.atomic(using=using, savepoint=False) if follow_up else nullcontext()
+    with scope:
+        moved, ended = write_status(
+            status=status,
+            status_in=status_in,
+            event=event,
+            job_ids=job_ids,
+            where=where,
+            where_params=where_params,
+            lease_token=lease_token,
+            assign=assign,
+            at=at,
+            follow_up=follow_up,
+            using=using,
+        )
+        if ended:
+            release(ended, using=using)
     return moved
 
 

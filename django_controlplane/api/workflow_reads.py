@@ -24,7 +24,7 @@ from django.db.models import Count, Q, Sum, TextField
 from django.db.models.functions import Cast, Length
 
 from jobs.conf import knob
-from jobs.dependencies import DependencyResultsTooLarge
+from jobs.dependencies import DependencyResultsTooLarge, dependency_rows
 from jobs.models import Dependency, Job, Workflow, WorkflowStatus
 from jobs.selectors import InvalidFilter
 from jobs.selectors.jobs import JobCursor
@@ -154,7 +154,7 @@ class DependencyPage:
 def job_dependencies(job_id: uuid.UUID) -> DependencyPage:
     """What the job waits for (at most ``MAX_DEPENDENCY_ROWS``), each succeeded one with its
     ``result``, unless the results together pass ``MAX_DEPENDENCY_RESULTS_BYTES``."""
-    rows = _dependency_rows(job_id, MAX_DEPENDENCY_ROWS + 1)
+    rows = dependency_rows(job_id, limit=MAX_DEPENDENCY_ROWS + 1)
     truncated = len(rows) > MAX_DEPENDENCY_ROWS
     rows = rows[:MAX_DEPENDENCY_ROWS]
     succeeded = [r["id"] for r in rows if r["status"] == "succeeded"]
@@ -169,30 +169,6 @@ def job_dependencies(job_id: uuid.UUID) -> DependencyPage:
         if row["status"] == "succeeded" and omitted is None:
             row["result"] = results.get(row["id"])
     return DependencyPage(rows, truncated, omitted)
-
-
-def _dependency_rows(job_id: uuid.UUID, limit: int) -> list[dict[str, Any]]:
-    """``jobs.dependencies.dependency_rows``, at most ``limit`` of them."""
-    return [
-        {
-            "id": row["upstream_id"],
-            "step": row["upstream__step"],
-            "operation": row["upstream__operation"],
-            "status": row["upstream__status"],
-            "on_failure": row["on_failure"],
-            "met": row["met"],
-        }
-        for row in Dependency.objects.filter(job_id=job_id)
-        .order_by("id")
-        .values(
-            "upstream_id",
-            "upstream__step",
-            "upstream__operation",
-            "upstream__status",
-            "on_failure",
-            "met",
-        )[:limit]
-    ]
 
 
 def _results(ids: list[uuid.UUID]) -> dict[uuid.UUID, Any]:
