@@ -6,7 +6,7 @@ tests are transactional), answers awaited with bounded timeouts. Checked: a
 parked request answers promptly when its job or workflow ends (NOTIFY on
 PostgreSQL, the 0.5 s poll on SQLite), answers its current state when the
 wait is up, many parked requests hold no database connection (PostgreSQL:
-``pg_stat_activity`` stays flat), and a thousand parked requests all answer.
+``pg_stat_activity`` stays flat), and hundreds of parked requests all answer.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tests.integration.remote.helpers import Server, start_server
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PROMPT = 3.0  # seconds from the end to the answer, generous for a loaded machine
+PARKED = 300
 
 
 @pytest.fixture(scope="module")
@@ -266,26 +267,27 @@ def test_fifty_parked_waits_hold_no_database_connection(api, server, token):
     assert max(seen) <= before + 2, (before, seen)
 
 
-def test_a_thousand_parked_waits_all_answer_when_their_job_ends(api, server, token):
+def test_hundreds_of_parked_waits_all_answer_when_their_job_ends(api, server, token):
     job = api.post("/jobs", json={"operation": "ping"}).json()["id"]
     ended: list[float] = []
 
     def end_it() -> None:
-        time.sleep(3.0)  # the last of a thousand requests in, parked
+        time.sleep(2.0)  # the last of the requests in, parked
         ended.append(time.monotonic())
         drain_jobs()
 
-    paths = [f"/jobs/{job}"] * 1000
-    results = asyncio.run(_park_many(server.url, token, paths, 60, end_it, spread=5.0))
-    assert len(results) == 1000
+    paths = [f"/jobs/{job}"] * PARKED
+    results = asyncio.run(_park_many(server.url, token, paths, 60, end_it, spread=1.5))
+    assert len(results) == PARKED
     assert all(code == 200 and state == "succeeded" for code, state, _ in results), [
         r for r in results if r[0] != 200 or r[1] != "succeeded"
     ][:5]
     lags = sorted(at - ended[0] for _, _, at in results)
-    print(f"answer lag p50 {lags[500]:.2f} p90 {lags[900]:.2f} max {lags[-1]:.2f}")
+    print(f"answer lag p50 {lags[PARKED // 2]:.2f} max {lags[-1]:.2f}")
     # None answered before the end; all after it, long before a wait of 60 s from their
     # arrival ran out (woken, or first read after the end when the machine is slow to serve
-    # a thousand first reads). Quiet machine: all within a second or two of the end.
+    # hundreds of first reads). Quiet machine: all within a second or two of the end.
+    # (1,000 parked at once is bench/web.py's --long-polls, not a test's.)
     assert lags[0] >= 0 and lags[-1] < 45, lags[-1]
 
 

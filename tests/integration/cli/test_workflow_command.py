@@ -199,32 +199,46 @@ def test_enqueue_refuses_an_unknown_dependency_and_a_bad_policy():
 
 @pytest.mark.django_db(transaction=True)
 def test_real_processes_exit_codes(subprocess_env, tmp_path):
-    def manage(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+    def start(*args: str, stdin: str | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), *args],
             cwd=ROOT,
             env=subprocess_env,
-            input=stdin,
-            capture_output=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=60,
         )
+        proc.stdin_text = stdin  # type: ignore[attr-defined]
+        return proc
 
+    def done(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+        out, err = proc.communicate(proc.stdin_text, timeout=60)  # type: ignore[attr-defined]
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def manage(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return done(start(*args, stdin=stdin))
+
+    # The refusals need nothing from each other: they run at once, beside the rest.
+    refused_p = start("workflow", "start", "-", stdin='{"steps": [{"operation": "nope.op"}]}')
+    usage_p = start("workflow", "frobnicate")
+    ghost_p = start("workflow", "cancel", str(uuid.uuid4()))
+    depends_p = start("enqueue", "ping", "--depends-on", str(uuid.uuid4()))
     started = manage("workflow", "start", "-", stdin=json.dumps(spec(unique_queue())))
     assert started.returncode == 0, started.stderr
     workflow_id = started.stdout.strip()
     assert Workflow.objects.filter(pk=workflow_id).exists()
     shown = manage("workflow", "show", workflow_id, "--json")
     assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == workflow_id
-    refused = manage("workflow", "start", "-", stdin='{"steps": [{"operation": "nope.op"}]}')
+    refused = done(refused_p)
     assert refused.returncode == 2 and "steps.0.operation" in refused.stderr
     assert "Traceback" not in refused.stderr
-    usage = manage("workflow", "frobnicate")
+    usage = done(usage_p)
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
-    ghost = manage("workflow", "cancel", str(uuid.uuid4()))
+    ghost = done(ghost_p)
     assert ghost.returncode == 1 and "No workflow with id" in ghost.stderr
     cancelled = manage("workflow", "cancel", workflow_id, "--reason", "done")
     assert cancelled.returncode == 0, cancelled.stderr
     assert Workflow.objects.get(pk=workflow_id).status == "cancelled"
-    depends = manage("enqueue", "ping", "--depends-on", str(uuid.uuid4()))
+    depends = done(depends_p)
     assert depends.returncode == 1 and "Traceback" not in depends.stderr
