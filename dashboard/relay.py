@@ -48,12 +48,12 @@ from jobs.models import Job, Workflow
 from jobs.selectors import JobFilters
 from jobs.selectors.timeouts import bounded_reads
 from jobs.selectors.workflows import dependents_in_workflow
+from jobs.wakeups import EVENTS_CHANNEL
 from jobs.wakeups import NOTIFY_CHANNEL as WAKEUP_CHANNEL
 from jobs.workflows import step_counts
 
 log = logging.getLogger("dashboard.relay")
 
-EVENTS_CHANNEL = "controlplane_events"  # sent by the controlplane_jobevent trigger (jobs 0002)
 SUMMARY_PAGES = ("overview", "workers", "queues")
 
 

@@ -23,8 +23,8 @@ from django.db import connections
 
 from jobs.pooling import session_conninfo
 from jobs.states import TERMINAL
+from jobs.wakeups import EVENTS_CHANNEL
 
-EVENTS_CHANNEL = "controlplane_events"
 RECHECK_SECONDS = 0.5
 FIRST_POLL_SECONDS = 0.02
 

@@ -14,6 +14,9 @@ from django.db import connections
 from jobs.dialect import dialect
 
 NOTIFY_CHANNEL = "controlplane_jobs"
+# Sent by the trigger on every statement that inserts job events (jobs migration 0002):
+# the dashboard relay, the API's end waiters and ``jobs.awaiting`` listen on it.
+EVENTS_CHANNEL = "controlplane_events"
 
 
 def notify_queues(queues: Sequence[str], *, using: str = "default") -> None:

@@ -42,10 +42,10 @@ from django.db import close_old_connections, connections
 
 from django_controlplane.web.listener import listener
 from jobs.conf import knob
+from jobs.wakeups import EVENTS_CHANNEL
 
 log = logging.getLogger("django_controlplane.api")
 
-EVENTS_CHANNEL = "controlplane_events"  # NOTIFY of the job events trigger (jobs migration 0002)
 JOB = "job"
 WORKFLOW = "workflow"
 MIN_GAP_SECONDS = 0.02
