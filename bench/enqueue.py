@@ -1,8 +1,9 @@
 """Enqueue throughput and CPU per job on PostgreSQL, alone or beside PGQueuer.
 
     .venv/bin/python bench/enqueue.py [--jobs N] [--runs 3] [--batch 1000] [--profile]
-                                      [--floor] [--old-indexes] [--peers] [--no-prepare]
-                                      [--pickup N] [--unanalyzed] [--peer-database NAME]
+                                      [--same-spec] [--floor] [--old-indexes] [--peers]
+                                      [--no-prepare] [--pickup N] [--unanalyzed]
+                                      [--peer-database NAME]
 
 ``DATABASE_URL`` selects the database (default
 postgres://postgres@127.0.0.1:5432/bench_enqueue); it is created if missing
@@ -127,13 +128,21 @@ def one_per_call(n: int, batch: int) -> float:
     return time.perf_counter() - started
 
 
+# --same-spec: bulk calls pass one spec repeated (``[JobSpec(...)] * 1000``, issue 32's form)
+# instead of a new JobSpec per job.
+SAME_SPEC = False
+
+
 def bulk(n: int, batch: int) -> float:
     from jobs.enqueue import JobSpec, enqueue_many
 
     started = time.perf_counter()
     for start in range(0, n, batch):
         size = min(batch, n - start)
-        enqueue_many([JobSpec("ping", {}, queue=QUEUE) for _ in range(size)])
+        if SAME_SPEC:
+            enqueue_many([JobSpec("ping", {}, queue=QUEUE)] * size)
+        else:
+            enqueue_many([JobSpec("ping", {}, queue=QUEUE) for _ in range(size)])
     return time.perf_counter() - started
 
 
@@ -436,6 +445,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=1000, help="jobs per enqueue_many call")
     parser.add_argument("--profile", action="store_true", help="cProfile one bulk run")
+    parser.add_argument(
+        "--same-spec",
+        action="store_true",
+        help="bulk calls repeat one JobSpec ([spec] * 1000) instead of making one per job",
+    )
     parser.add_argument("--skip-single", action="store_true")
     parser.add_argument("--floor", action="store_true", help="time plain psycopg INSERTs too")
     parser.add_argument("--peers", action="store_true", help="PGQueuer's enqueue, interleaved")
@@ -464,8 +478,9 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    global ANALYZE_EMPTIED
+    global ANALYZE_EMPTIED, SAME_SPEC
     ANALYZE_EMPTIED = not args.unanalyzed
+    SAME_SPEC = args.same_spec
     url = os.environ.get("DATABASE_URL") or DEFAULT_URL
     ensure_database(url)
     setup(url)

@@ -32,19 +32,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models.base import ModelState
 
 from jobs.clock import db_now
 from jobs.conf import knob
 from jobs.dependencies import link, plan_links
-from jobs.dialect import dialect
 from jobs.enqueue_hooks import after_enqueue
 from jobs.enqueue_statement import Row, insert_postgres, insert_rows
 from jobs.exceptions import EnqueueError
 from jobs.fair_turns import assign_turns
 from jobs.flow_keys import Key, declared_keys
-from jobs.job_spec import MAX_TIMEOUT_SECONDS, JobSpec, SpecBatch, prepare_row  # noqa: F401
+from jobs.job_spec import MAX_TIMEOUT_SECONDS, JobSpec, SpecBatch, again, prepare_row  # noqa: F401
 from jobs.key_holders import key_holders
 from jobs.key_limits import ensure_declared
 from jobs.models import Job, Workflow
@@ -118,11 +117,12 @@ def _enqueue_many(
     _check_parents(rows, using)
     if not rows:
         return []
-    if any(r.fair_key is not None for r in rows):
+    keyed = any(r.fair_key is not None for r in rows)
+    if keyed:
         _declare_limits(specs, rows, using)
     if graph is not None or any(s.depends_on for s in specs):
         return _store_graph(specs, rows, graph or Graph(), now, using)
-    stored = _store(rows, now, using)
+    stored = _store(rows, now, using, keyed)
     if len(stored) == len(rows):  # the usual case: no unique key was held elsewhere
         return [_job(r, now, using) for r in rows]
     inserted = set(stored)
@@ -136,12 +136,21 @@ def _rows(specs: Sequence[JobSpec], batch: SpecBatch) -> list[Row]:
     rows: list[Row] = []
     errors: dict[str, list[str]] = {}
     single = len(specs) == 1
+    last: JobSpec | None = None
+    row: Row | None = None
     for index, spec in enumerate(specs):
+        if spec is last and row is not None and row.retry_policy is None and row.flow_keys is None:
+            # The same spec again (``[JobSpec(...)] * n``): the same row under the next id.
+            row = again(row, batch)
+            rows.append(row)
+            continue
         row, field_errors = prepare_row(spec, batch)
+        last = spec
         if row is not None:
             rows.append(row)
-        for name, messages in field_errors.items():
-            errors[name if single else f"{index}.{name}"] = messages
+        elif field_errors:
+            for name, messages in field_errors.items():
+                errors[name if single else f"{index}.{name}"] = messages
     if errors:
         if all(name.endswith("parent") for name in errors):
             raise EnqueueError("The job was not enqueued: its parent does not exist.", errors)
@@ -162,13 +171,12 @@ def _check_parents(rows: list[Row], using: str) -> None:
             )
 
 
-def _store(rows: list[Row], now: datetime, using: str) -> list[uuid.UUID]:
+def _store(rows: list[Row], now: datetime, using: str, keyed: bool) -> list[uuid.UUID]:
     """Insert the rows, ``CHUNK`` per statement, all or none; return the ids inserted.
 
-    Keyed rows take their fair turns (``jobs.fair_turns``) in the same transaction.
+    Keyed rows (a fair key) take their fair turns (``jobs.fair_turns``) in the same transaction.
     """
-    keyed = any(r.fair_key is not None for r in rows)
-    if len(rows) <= CHUNK and dialect(using).postgres and not keyed:
+    if len(rows) <= CHUNK and not keyed and connections[using].vendor == "postgresql":
         # One PostgreSQL statement is atomic on its own: no BEGIN/COMMIT round
         # trips. SQLite's insert is two statements (jobs, then events).
         return insert_postgres(rows, now, using)

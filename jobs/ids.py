@@ -12,9 +12,12 @@ import os
 import time
 import uuid
 
-_new_uuid = uuid.UUID.__new__
+_UUID = uuid.UUID
+_new_uuid = _UUID.__new__
 _set = object.__setattr__
+_UNKNOWN = uuid.SafeUUID.unknown  # read once: an enum member lookup is a Python-level call
 _VARIANT = 0x8000 << 48  # RFC 9562 variant bits (10) at the top of octet 8
+_LOW_62 = (1 << 62) - 1
 
 
 def new_job_ids(n: int) -> list[uuid.UUID]:
@@ -27,11 +30,13 @@ def new_job_ids(n: int) -> list[uuid.UUID]:
     ms = time.time_ns() // 1_000_000
     start = int.from_bytes(os.urandom(10)) >> 7  # 73 random bits: start + n fits in 74
     head = (ms & 0xFFFF_FFFF_FFFF) << 80 | 7 << 76
+    head |= _VARIANT
     out = []
+    append = out.append
     for counter in range(start, start + n):
-        value = _new_uuid(uuid.UUID)
+        value = _new_uuid(_UUID)
         # 12 bits of the counter go after the version, 62 after the variant.
-        _set(value, "int", head | (counter >> 62) << 64 | _VARIANT | counter & ((1 << 62) - 1))
-        _set(value, "is_safe", uuid.SafeUUID.unknown)
-        out.append(value)
+        _set(value, "int", head | (counter >> 62) << 64 | counter & _LOW_62)
+        _set(value, "is_safe", _UNKNOWN)
+        append(value)
     return out

@@ -210,6 +210,30 @@ def prepare_row(spec: JobSpec, batch: SpecBatch) -> tuple[Row | None, dict[str, 
     ), {}
 
 
+def again(row: Row, batch: SpecBatch) -> Row:
+    """``row`` once more under the batch's next id: a spec repeated in one call is checked once.
+
+    For rows without a retry override or flow keys (their only per-row containers
+    besides the payload, which every row of a spec shares with it anyway).
+    """
+    return Row(
+        next(batch.ids),
+        row.operation,
+        row.queue,
+        row.payload,
+        row.payload_json,
+        row.priority,
+        row.run_after,
+        row.expires_at,
+        row.max_attempts,
+        row.parent_id,
+        row.unique_key,
+        row.unique_while,
+        row.timeout_seconds,
+        row.schedule_id,
+    )
+
+
 def _seconds(value: Any) -> bool:
     """A finite number of seconds above 0 and within ``MAX_TIMEOUT_SECONDS`` (not a bool)."""
     return (

@@ -57,13 +57,18 @@ class _PreparingCursor(psycopg.Cursor):
 
 def prepared_statements_on(using: str = "default") -> bool:
     """Whether hot statements are prepared on ``using`` (see the module docstring)."""
-    connection = connections[using]
+    return _prepared_on(connections[using], using)
+
+
+def _prepared_on(connection: Any, using: str) -> bool:
+    """``prepared_statements_on`` for a connection already looked up (once per enqueue)."""
     if connection.vendor != "postgresql":
         return False
-    if is_transaction_pooled(using):
+    settings_dict = connection.settings_dict
+    if settings_dict.get("POOLER") is not None and is_transaction_pooled(using):
         return False
-    options = connection.settings_dict.get("OPTIONS") or {}
-    if "prepare_threshold" in options and options["prepare_threshold"] is None:
+    options = settings_dict.get("OPTIONS")
+    if options and "prepare_threshold" in options and options["prepare_threshold"] is None:
         return False
     return bool(knob("PREPARED_STATEMENTS"))
 
@@ -89,7 +94,7 @@ def fetch_all(
     enqueue's, measured).
     """
     connection = connections[using]
-    if not prepared_statements_on(using):
+    if not _prepared_on(connection, using):
         with connection.cursor() as cursor:
             cursor.execute(statement, params)
             return _rows(cursor, unless_rowcount)

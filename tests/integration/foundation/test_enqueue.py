@@ -84,6 +84,44 @@ def test_enqueue_many_beyond_one_chunk_still_takes_few_queries(django_assert_max
     assert Job.objects.filter(queue="bulk").count() == 2500
 
 
+def test_one_spec_repeated_makes_a_job_each_time():
+    """``[spec] * n`` is checked once (``jobs.job_spec.again``) and still stores n jobs."""
+    later = timezone.now() + timedelta(hours=1)
+    spec = JobSpec(
+        "sleep",
+        {"seconds": 1},
+        queue="rep",
+        priority=4,
+        run_after=later,
+        max_attempts=2,
+        timeout_seconds=9.0,
+    )
+    jobs = enqueue_many([spec] * 3 + [JobSpec("ping", queue="rep")] + [spec])
+    assert len({j.pk for j in jobs}) == 5
+    rows = [fresh(j) for j in jobs]
+    assert [r.operation for r in rows] == ["sleep"] * 3 + ["ping", "sleep"]
+    for row in rows[:3] + rows[4:]:
+        assert (row.queue, row.priority, row.run_after, row.max_attempts, row.timeout_seconds) == (
+            "rep",
+            4,
+            later,
+            2,
+            9.0,
+        )
+        assert row.payload == {"seconds": 1}
+    # A retry override is the job's own dict, not one shared between the jobs.
+    retried = enqueue_many([JobSpec("ping", retry={"max_retry_later": 0})] * 2)
+    assert retried[0].retry_policy == retried[1].retry_policy == {"max_retry_later": 0}
+    assert retried[0].retry_policy is not retried[1].retry_policy
+    # An invalid spec repeated is refused at each index.
+    with pytest.raises(EnqueueError) as info:
+        enqueue_many([JobSpec("ping", priority=101)] * 2)
+    assert set(info.value.errors) == {"0.priority", "1.priority"}
+    # A repeated unique key: the first stores, the repeats return it.
+    keyed = enqueue_many([JobSpec("ping", unique_key="rep-1")] * 3)
+    assert len({j.pk for j in keyed}) == 1 and [j.duplicate for j in keyed][1:] == [True, True]
+
+
 # --- idempotency --------------------------------------------------------------------
 
 
