@@ -71,6 +71,9 @@ class Row:
     flow_keys: list[str] | None = None
     fair_key: str | None = None
     fair_turn: float | None = None
+    # The row this one repeats with another id (``jobs.job_spec.again``: one spec given
+    # several times in a call); None for a row made from its spec.
+    repeats: Row | None = None
 
 
 JOB_COLUMNS = (
@@ -185,7 +188,13 @@ def statement(rows: Sequence[Row], now: datetime) -> tuple[str, dict[str, Any]]:
     run_after, expires_at, max_attempts = first.run_after, first.expires_at, first.max_attempts
     dumps = json.dumps
     parts = []
+    append = parts.append
+    origin = None  # the last row checked; a row repeating it (Row.repeats) shares its tail
+    tail = ""
     for r in rows:
+        if r.repeats is not None and r.repeats is origin:
+            append(f'{{"id":"{r.id.int:032x}"{tail}')
+            continue
         if (
             r.operation != operation
             or r.queue != queue
@@ -199,7 +208,9 @@ def statement(rows: Sequence[Row], now: datetime) -> tuple[str, dict[str, Any]]:
                 "jobs": _general_document(rows),
                 "queues": sorted({r.queue for r in rows}),
             }
-        parts.append(f'{{"id":"{r.id.int:032x}","payload":{r.payload_json}{_extras(r, dumps)}}}')
+        origin = r.repeats or r
+        tail = f',"payload":{r.payload_json}{_extras(r, dumps)}}}'
+        append(f'{{"id":"{r.id.int:032x}"{tail}')
     return UNIFORM_INSERT, {
         "now": now,
         "jobs": "[" + ",".join(parts) + "]",

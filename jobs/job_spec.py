@@ -231,6 +231,7 @@ def again(row: Row, batch: SpecBatch) -> Row:
         row.unique_while,
         row.timeout_seconds,
         row.schedule_id,
+        repeats=row.repeats or row,
     )
 
 

@@ -109,6 +109,12 @@ def test_one_spec_repeated_makes_a_job_each_time():
             9.0,
         )
         assert row.payload == {"seconds": 1}
+    # The returned jobs (a repeat's is copied from the job before) match their rows.
+    for job, row in zip(jobs, rows, strict=True):
+        assert job._state is not jobs[0]._state or job is jobs[0]
+        assert not job._state.adding and job._state.db == "default"
+        for field in Job._meta.concrete_fields:
+            assert getattr(job, field.attname) == getattr(row, field.attname), field.name
     # A retry override is the job's own dict, not one shared between the jobs.
     retried = enqueue_many([JobSpec("ping", retry={"max_retry_later": 0})] * 2)
     assert retried[0].retry_policy == retried[1].retry_policy == {"max_retry_later": 0}
