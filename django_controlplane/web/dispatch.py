@@ -39,12 +39,12 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.core.handlers.wsgi import WSGIHandler
 from django.urls import Resolver404, URLResolver, get_resolver
 
+from django_controlplane.web.head_timeout import RECEIVED_AT
 from django_controlplane.web.overload import send_busy
 from django_controlplane.web.responder import respond, wsgi_environ
 from django_controlplane.web.threads import Busy, WebThreads, serving, web_threads
 
 Scope = dict[str, Any]
-RECEIVED_AT = "controlplane.received_at"  # scope key: the event loop's time at arrival
 
 
 class BodyTooLarge(Exception):
@@ -117,8 +117,10 @@ class HttpDispatcher:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             raise ValueError(f"HttpDispatcher serves HTTP only, not {scope['type']!r}.")
-        # Long-polls count their wait from here, not from when a thread first got to them.
-        scope = {**scope, RECEIVED_AT: asyncio.get_running_loop().time()}
+        # Long-polls count their wait from the head's arrival (stamped by ``serve``'s protocol,
+        # else here), not from when a thread first got to them.
+        if RECEIVED_AT not in scope:
+            scope = {**scope, RECEIVED_AT: asyncio.get_running_loop().time()}
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         try:
             body = await read_body(scope, receive, limit)

@@ -22,6 +22,13 @@ import asyncio
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+# Scope key: the event loop's time when the request's head began to arrive. Stamped here,
+# where the bytes are read, because the ASGI app's first step can come much later: a
+# thousand requests read in one pass of the loop start their apps one after another, and
+# while the web threads hold the GIL each of those steps waits for it. Long-polls count
+# their wait from this (``django_controlplane.web.dispatch``).
+RECEIVED_AT = "controlplane.received_at"
+
 
 class _HeadDeadline:
     """The timer. ``head_timeout`` is set per server by ``head_timeout_protocol``."""
@@ -54,9 +61,17 @@ class H11HeadTimeout(_HeadDeadline, H11Protocol):
         super().connection_made(transport)
         self._arm_head_timer()
 
+    _head_began: float | None = None
+
     def data_received(self, data: bytes) -> None:
         waiting_for_head = self.conn.their_state is h11.IDLE
+        if waiting_for_head and self._head_began is None:
+            self._head_began = self.loop.time()
         super().data_received(data)
+        scope = getattr(self, "scope", None)
+        if scope is not None and RECEIVED_AT not in scope and self._head_began is not None:
+            scope[RECEIVED_AT] = self._head_began  # h11 made this request's scope just now
+            self._head_began = None
         if (
             waiting_for_head
             and self.conn.their_state is h11.IDLE
@@ -88,6 +103,7 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self.scope[RECEIVED_AT] = self.loop.time()  # type: ignore[typeddict-unknown-key]
             if self.cycle is None or self.cycle.response_complete:
                 self._arm_head_timer()
 
