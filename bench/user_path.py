@@ -294,26 +294,34 @@ async def read_body(reader: asyncio.StreamReader, head: bytes) -> bytes:
 
 
 async def long_poll_client(
-    port: int, path_of: list[str], headers: str, body: bytes, on_sent
+    port: int, path_of: list[str], headers: str, body: bytes, on_sent, preopen: bool = True
 ) -> list[tuple[float, int]]:
-    """Open every connection, then send every request at once; (latency s, status) each."""
-    conns = []
-    for start in range(0, len(path_of), 100):
-        conns += await asyncio.gather(
-            *(asyncio.open_connection("127.0.0.1", port) for _ in path_of[start : start + 100])
-        )
+    """Send every request at once; (latency s, status) each.
+
+    ``preopen``: the connections are opened first and each latency counts from its
+    request's write; otherwise every request connects at once and counts from its connect.
+    """
+    conns: list = [None] * len(path_of)
+    if preopen:
+        conns = []
+        for start in range(0, len(path_of), 100):
+            conns += await asyncio.gather(
+                *(asyncio.open_connection("127.0.0.1", port) for _ in path_of[start : start + 100])
+            )
 
     async def one(conn, path: str) -> tuple[float, int]:
-        reader, writer = conn
+        started = time.perf_counter()
+        reader, writer = conn or await asyncio.open_connection("127.0.0.1", port)
         request = (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode() + body
         writer.write(request)
-        sent = time.perf_counter()
+        if conn:
+            started = time.perf_counter()
         head = await reader.readuntil(b"\r\n\r\n")
         await read_body(reader, head)
-        took = time.perf_counter() - sent
+        took = time.perf_counter() - started
         writer.close()
         return took, int(head.split(b" ", 2)[1])
 
@@ -349,12 +357,12 @@ def summarise(results: list[tuple[float, int]], wait: float) -> dict[str, float]
     }
 
 
-def long_polls_reference(args: argparse.Namespace) -> dict[str, float]:
+def long_polls_reference(args: argparse.Namespace, preopen: bool) -> dict[str, float]:
     async def go():
         server = await reference_server(args.wait)
         port = server.sockets[0].getsockname()[1]
         results = await long_poll_client(
-            port, ["/claim"] * args.long_polls, "", b'{"wait": 5}', lambda: None
+            port, ["/claim"] * args.long_polls, "", b'{"wait": 5}', lambda: None, preopen
         )
         server.close()
         return results
@@ -376,7 +384,9 @@ def register_workers(host: Host, n: int) -> list[str]:
         ]
 
 
-def long_polls_ours(host: Host, workers: list[str], args: argparse.Namespace) -> dict[str, float]:
+def long_polls_ours(
+    host: Host, workers: list[str], args: argparse.Namespace, preopen: bool
+) -> dict[str, float]:
     import threading
 
     import httpx
@@ -398,7 +408,12 @@ def long_polls_ours(host: Host, workers: list[str], args: argparse.Namespace) ->
     paths = [f"{prefix}/workers/{w}/claim" for w in workers]
     results = asyncio.run(
         long_poll_client(
-            port, paths, headers, body, lambda: threading.Thread(target=enqueue_later).start()
+            port,
+            paths,
+            headers,
+            body,
+            lambda: threading.Thread(target=enqueue_later).start(),
+            preopen,
         )
     )
     return summarise(results, args.wait)
@@ -486,16 +501,18 @@ def main() -> None:
         if "longpoll" in phases:
             workers = register_workers(host, args.long_polls)
             for r in range(args.rounds):
-                reference = long_polls_reference(args)
-                ours = long_polls_ours(host, workers, args)
-                print(
-                    f"  round {r + 1}: {args.long_polls:,} parked, wait {args.wait:g} s: "
-                    f"p50 {ours['p50']:.2f} s, p99 {ours['p99']:.2f} s, max {ours['max']:.2f} s, "
-                    f"over wait + 0.5 s {ours['late']}, statuses {ours['statuses']}; reference "
-                    f"server p99 {reference['p99']:.2f} s, max {reference['max']:.2f} s  "
-                    f"({web.load()})",
-                    flush=True,
-                )
+                for preopen in (True, False):
+                    reference = long_polls_reference(args, preopen)
+                    ours = long_polls_ours(host, workers, args, preopen)
+                    how = "pre-opened" if preopen else "connecting at once"
+                    print(
+                        f"  round {r + 1}, {how}: {args.long_polls:,} parked, wait {args.wait:g} s:"
+                        f" p50 {ours['p50']:.2f} s, p99 {ours['p99']:.2f} s, max {ours['max']:.2f}"
+                        f" s, over wait + 0.5 s {ours['late']}, statuses {ours['statuses']}; "
+                        f"reference server p99 {reference['p99']:.2f} s, max "
+                        f"{reference['max']:.2f} s  ({web.load()})",
+                        flush=True,
+                    )
     finally:
         web.stop_all()
 
