@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import psycopg  # noqa: E402
 import web  # noqa: E402  (bench/web.py: the host project, servers, processes)
-from peers import ADMIN_DSN, dsn_for, ensure_database  # noqa: E402
+from peers import ADMIN_DSN, cpu_seconds, descendants, dsn_for, ensure_database  # noqa: E402
 from peers.pgqueuer_peer import WORKER as PGQ_WORKER  # noqa: E402
 from peers.pgqueuer_peer import PGQueuerSystem  # noqa: E402
 
@@ -406,6 +406,8 @@ def long_polls_ours(
             ).raise_for_status()
 
     paths = [f"{prefix}/workers/{w}/claim" for w in workers]
+    server_pids = descendants(host.server.popen.pid)
+    cpu_before = sum(cpu_seconds(pid) for pid in server_pids)
     results = asyncio.run(
         long_poll_client(
             port,
@@ -416,7 +418,9 @@ def long_polls_ours(
             preopen,
         )
     )
-    return summarise(results, args.wait)
+    summary = summarise(results, args.wait)
+    summary["cpu_ms"] = (sum(cpu_seconds(p) for p in server_pids) - cpu_before) * 1000 / len(paths)
+    return summary
 
 
 # --- main ----------------------------------------------------------------------------
@@ -509,6 +513,7 @@ def main() -> None:
                         f"  round {r + 1}, {how}: {args.long_polls:,} parked, wait {args.wait:g} s:"
                         f" p50 {ours['p50']:.2f} s, p99 {ours['p99']:.2f} s, max {ours['max']:.2f}"
                         f" s, over wait + 0.5 s {ours['late']}, statuses {ours['statuses']}; "
+                        f"server CPU {ours['cpu_ms']:.1f} ms per claim; "
                         f"reference server p99 {reference['p99']:.2f} s, max "
                         f"{reference['max']:.2f} s  ({web.load()})",
                         flush=True,
