@@ -187,7 +187,7 @@ def statement(rows: Sequence[Row], now: datetime) -> tuple[str, dict[str, Any]]:
     operation, queue, priority = first.operation, first.queue, first.priority
     run_after, expires_at, max_attempts = first.run_after, first.expires_at, first.max_attempts
     dumps = json.dumps
-    parts = []
+    parts: list[str] = []
     append = parts.append
     origin = None  # the last row checked; a row repeating it (Row.repeats) shares its tail
     tail = ""

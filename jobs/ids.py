@@ -31,7 +31,7 @@ def new_job_ids(n: int) -> list[uuid.UUID]:
     start = int.from_bytes(os.urandom(10)) >> 7  # 73 random bits: start + n fits in 74
     head = (ms & 0xFFFF_FFFF_FFFF) << 80 | 7 << 76
     head |= _VARIANT
-    out = []
+    out: list[uuid.UUID] = []
     append = out.append
     for counter in range(start, start + n):
         value = _new_uuid(_UUID)
