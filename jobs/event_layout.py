@@ -8,14 +8,13 @@ shrinks), which pays at a history of many millions of events
 (bench/README.md, "Event history at scale"). Why by job id and not by time:
 see ``jobs.partitions``.
 
-The partitioned table has no foreign key to the jobs. With one, every job
-row that retention deletes was checked at commit against the partitioned
-parent, which PostgreSQL plans generically and which opens every partition:
-that doubled retention's job DELETE. Nothing relies on the key at run time:
-every path that deletes jobs deletes their events in the same transaction
-(the reaper's ``delete_finished_jobs``, ``jobs purge``, Django's cascade),
-and events are written only under the job row's lock. ``--undo`` deletes
-any event whose job is gone, then adds the key again as Django made it.
+Neither layout has a foreign key from the events to the jobs (migration
+0019): events are written only under the job row's lock, and every path
+that deletes jobs deletes their events in the same transaction (the
+reaper's ``delete_finished_jobs``, ``jobs purge``, Django's cascade). On a
+partitioned table the key's commit-time check also opened every partition
+for each job retention deleted. ``--undo`` deletes any event whose job is
+gone on the way back.
 
 The table is rebuilt in place, in one transaction, under an ACCESS
 EXCLUSIVE lock:
@@ -30,8 +29,7 @@ EXCLUSIVE lock:
 4. the constraints are made again, the primary key as ``(id, job_id)``
    (a partitioned table's unique indexes must hold the partition key; ``id``
    still comes from one sequence and stays unique, and the metrics rollup's
-   ``id`` cursor reads it as before) and the foreign key to the jobs only on
-   a plain table (see above), then the indexes and the NOTIFY trigger;
+   ``id`` cursor reads it as before), then the indexes and the NOTIFY trigger;
 5. the old table goes.
 
 The model's state does not change: Django still sees ``id`` as the primary
@@ -100,19 +98,12 @@ def _first_period(cursor: Any, now: datetime) -> datetime:
     return max(oldest, min(time_of(found[0]), now)) if found else now
 
 
-def _restore_job_foreign_key(cursor: Any) -> None:
-    """The events' foreign key to the jobs, named and defined as Django's migration made it."""
-    from jobs.models import JobEvent
-
+def _delete_orphaned_events(cursor: Any) -> None:
+    """Events whose job is gone (none should be; the table keeps no key to prove it)."""
     cursor.execute(
         f"DELETE FROM {EVENT_TABLE} e WHERE NOT EXISTS "
         f"(SELECT 1 FROM {JOB_TABLE} j WHERE j.id = e.job_id)"
     )
-    with connection.schema_editor(atomic=False) as editor:
-        field = JobEvent._meta.get_field("job")
-        cursor.execute(
-            str(editor._create_fk_sql(JobEvent, field, "_fk_%(to_table)s_%(to_column)s"))
-        )
 
 
 def rebuild_event_table(*, partitioned: bool) -> bool:
@@ -148,13 +139,13 @@ def rebuild_event_table(*, partitioned: bool) -> bool:
             [EVENT_TABLE],
         )
         for name, kind, definition in constraints:
-            if kind == "f" and partitioned:
+            if kind == "f":  # a key left from before migration 0019 is not made again
                 continue
             if kind == "p":
                 definition = "PRIMARY KEY (id, job_id)" if partitioned else "PRIMARY KEY (id)"
             cursor.execute(f'ALTER TABLE {EVENT_TABLE} ADD CONSTRAINT "{name}" {definition}')
-        if not partitioned and not any(kind == "f" for _, kind, _ in constraints):
-            _restore_job_foreign_key(cursor)
+        if not partitioned:
+            _delete_orphaned_events(cursor)
         for _, sql in indexes:
             cursor.execute(sql)
         cursor.execute(f"DROP TABLE {OLD}")

@@ -404,7 +404,8 @@ def delete_finished_jobs(
     locks its rows and skips locked ones (a retry or a child insert in
     flight), so two reapers never pick the same job. The events, receipts and
     messages of exactly the deleted jobs go in the same transaction (the
-    foreign keys are checked at commit). Returns the number of jobs deleted.
+    events keep no foreign key to prove it: migration 0019). Returns the
+    number of jobs deleted.
     """
     d = dialect()
     lock = " FOR UPDATE OF j SKIP LOCKED" if d.postgres else ""

@@ -377,7 +377,7 @@ def purge_batches(filters: selectors.JobFilters, cutoff: datetime, size: int) ->
     never deleted from under them. On PostgreSQL the pick locks its rows and
     skips locked ones (a retry in flight, the reaper, another purge); the
     DELETE repeats every condition; the ORM deletes the jobs' events, batch
-    messages and receipts with them (their foreign keys cascade), in the same
+    messages and receipts with them (Django's cascade), in the same
     transaction. Not the reaper's ``delete_finished_jobs``: that one takes no
     filters.
     """
