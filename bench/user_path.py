@@ -234,6 +234,8 @@ def drain_ours(host: Host, args: argparse.Namespace, fill: str) -> dict[str, flo
         host.sql.execute("ANALYZE controlplane_job")
     argv = [sys.executable, "manage.py", "runworker", "--queue", QUEUE, "--burst"]
     argv += ["--concurrency", str(args.concurrency)]
+    server_pids = descendants(host.server.popen.pid)
+    server_cpu = sum(cpu_seconds(pid) for pid in server_pids)
     started = time.perf_counter()
     workers = [
         web.start(argv, host.env, host.logs / "runworker.log") for _ in range(args.processes)
@@ -253,6 +255,7 @@ def drain_ours(host: Host, args: argparse.Namespace, fill: str) -> dict[str, flo
         "rate": done / (last - first).total_seconds(),
         "wall": done / wall,
         "post": enqueue_rate,
+        "serve_cpu_ms": (sum(cpu_seconds(pid) for pid in server_pids) - server_cpu) * 1000,
     }
 
 
