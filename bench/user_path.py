@@ -49,13 +49,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import psycopg  # noqa: E402
 import web  # noqa: E402  (bench/web.py: the host project, servers, processes)
+from engine import PACKAGES  # noqa: E402
+from flow_keys import SITECUSTOMIZE  # noqa: E402  (drops the editable install's finders)
 from peers import ADMIN_DSN, cpu_seconds, descendants, dsn_for, ensure_database  # noqa: E402
 from peers.pgqueuer_peer import WORKER as PGQ_WORKER  # noqa: E402
 from peers.pgqueuer_peer import PGQueuerSystem  # noqa: E402
 
 DATABASE = "bench_user_path"
 QUEUE = "up"
-PACKAGES = ("django_controlplane", "jobs", "workers", "dashboard")
 USER, PASSWORD = "bench", "bench-password-1"
 
 
@@ -148,13 +149,6 @@ class Host:
         self.sql.execute("TRUNCATE controlplane_job CASCADE")
         self.sql.execute("VACUUM ANALYZE controlplane_job")
 
-
-# Drops the editable install's import finders: the checkout on PYTHONPATH is the one imported.
-SITECUSTOMIZE = """\
-import sys
-
-sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
-"""
 
 SETUP = """
 import sys, time, django

@@ -57,11 +57,11 @@ class _HeadDeadline:
 class H11HeadTimeout(_HeadDeadline, H11Protocol):
     """h11: a head is pending while the client's side of the connection is ``IDLE``."""
 
+    _head_began: float | None = None  # the loop's time at the first byte of a pending head
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()
-
-    _head_began: float | None = None
 
     def data_received(self, data: bytes) -> None:
         waiting_for_head = self.conn.their_state is h11.IDLE
