@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -213,26 +213,11 @@ def prepare_row(spec: JobSpec, batch: SpecBatch) -> tuple[Row | None, dict[str, 
 def again(row: Row, batch: SpecBatch) -> Row:
     """``row`` once more under the batch's next id: a spec repeated in one call is checked once.
 
-    For rows without a retry override or flow keys (their only per-row containers
-    besides the payload, which every row of a spec shares with it anyway).
+    Every field is copied (``dataclasses.replace``), so a field added to ``Row``
+    cannot be lost on the repeats. For rows without a retry override or flow keys:
+    keyed rows take fair turns of their own.
     """
-    return Row(
-        next(batch.ids),
-        row.operation,
-        row.queue,
-        row.payload,
-        row.payload_json,
-        row.priority,
-        row.run_after,
-        row.expires_at,
-        row.max_attempts,
-        row.parent_id,
-        row.unique_key,
-        row.unique_while,
-        row.timeout_seconds,
-        row.schedule_id,
-        repeats=row.repeats or row,
-    )
+    return replace(row, id=next(batch.ids), repeats=row.repeats or row)
 
 
 def _seconds(value: Any) -> bool:

@@ -37,7 +37,7 @@ import psycopg
 from django.db import connections
 
 from jobs.conf import knob
-from jobs.pooling import is_transaction_pooled
+from jobs.pooling import TRANSACTION_POOLER
 
 # Positional (%s) or named (%(name)s) parameters, as psycopg takes them.
 Params = Sequence[Any] | Mapping[str, Any]
@@ -57,15 +57,15 @@ class _PreparingCursor(psycopg.Cursor):
 
 def prepared_statements_on(using: str = "default") -> bool:
     """Whether hot statements are prepared on ``using`` (see the module docstring)."""
-    return _prepared_on(connections[using], using)
+    return _prepared_on(connections[using])
 
 
-def _prepared_on(connection: Any, using: str) -> bool:
+def _prepared_on(connection: Any) -> bool:
     """``prepared_statements_on`` for a connection already looked up (once per enqueue)."""
     if connection.vendor != "postgresql":
         return False
     settings_dict = connection.settings_dict
-    if settings_dict.get("POOLER") is not None and is_transaction_pooled(using):
+    if settings_dict.get("POOLER") == TRANSACTION_POOLER:
         return False
     options = settings_dict.get("OPTIONS")
     if options and "prepare_threshold" in options and options["prepare_threshold"] is None:
@@ -94,7 +94,7 @@ def fetch_all(
     enqueue's, measured).
     """
     connection = connections[using]
-    if not _prepared_on(connection, using):
+    if not _prepared_on(connection):
         with connection.cursor() as cursor:
             cursor.execute(statement, params)
             return _rows(cursor, unless_rowcount)
