@@ -50,7 +50,7 @@ def test_kill_9_of_the_coordinators_worker_after_it_deferred_leaves_the_parent_t
     assert count(parent, "batch.dispatched") == 1
     assert count(parent, "job.lease_expired_requeue") == count(parent, "job.lease_expired") == 0
     reaper.signal(signal.SIGTERM)
-    assert reaper.wait(timeout=10) == 0
+    assert reaper.wait(timeout=30) == 0  # a pass in flight finishes first; 2 busy cores
 
 
 def test_kill_9_of_a_batch_consumer_then_its_messages_reappear_after_the_visibility_timeout(worker):
