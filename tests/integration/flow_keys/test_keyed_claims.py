@@ -3,10 +3,12 @@ a key, rate buckets by key, and the usual claim leaving keyed jobs alone. Both d
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
 import pytest
+from django.db import connection, transaction
 
 from jobs.claims import Completion, claim_jobs, complete_jobs
 from jobs.enqueue import JobSpec, enqueue, enqueue_many
@@ -200,3 +202,36 @@ def test_a_claim_held_back_by_full_keys_asks_to_try_again_soon(queue, worker_id)
     assert len(claim(queue, worker_id).jobs) == 1
     held = claim(queue, worker_id)  # the key is full: its job is left out of the window
     assert held.jobs == [] and held.retry_in is not None and held.retry_in <= 0.5
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="SQLite lets one claimer in at a time"
+)
+def test_claimers_at_once_take_different_turns(queue, worker_id):
+    """A claim whose transaction is still open holds its turns; a second claim takes the next."""
+    limit("tenant", concurrency=1)
+    enqueue_many([JobSpec("ping", queue=queue, keys=[f"tenant:{n % 100}"]) for n in range(200)])
+    first_claimed = threading.Event()
+    release = threading.Event()
+    first: list = []
+
+    def hold_a_claim() -> None:
+        try:
+            with transaction.atomic():
+                first.extend(claim(queue, worker_id, n=16).jobs)
+                first_claimed.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_a_claim)
+    holder.start()
+    try:
+        assert first_claimed.wait(10)
+        second = claim(queue, worker_id, n=16).jobs
+    finally:
+        release.set()
+        holder.join(10)
+    keys = [Job.objects.get(pk=j.id).fair_key for j in [*first, *second]]
+    assert len(first) == len(second) == 16
+    assert len(set(keys)) == 32  # keys of limit 1: none started twice
