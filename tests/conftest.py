@@ -56,10 +56,11 @@ def postgres_server_lock(*, exclusive: bool) -> Iterator[None]:
     """Hold the PostgreSQL server: shared while a test uses it beside its own pass's
     database, exclusive while a test stops it.
 
-    ``./scripts/dev test`` runs the SQLite pass beside the PostgreSQL passes; the
-    SQLite pass's installed-wheel test makes a database of its own on the same
-    server, which the PostgreSQL pass's restart test must not stop under it.
-    A file lock, so it holds across the two pytest processes.
+    ``./scripts/dev test`` runs its three passes side by side. The SQLite pass's
+    installed-wheel test makes a database of its own on the same server, and the
+    PgBouncer pass uses the server all along (``scripts/dev`` holds this lock shared
+    around it): the PostgreSQL pass's restart tests must not stop it under them.
+    A file lock (``flock``), so it holds across processes.
     """
     path = Path(tempfile.gettempdir()) / "controlplane-tests-postgres-server.lock"
     with open(path, "a+") as handle:

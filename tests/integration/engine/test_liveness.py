@@ -86,7 +86,8 @@ def test_a_live_worker_whose_session_is_cut_keeps_its_job(worker, start_process)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
-            "AND classid = %s AND granted AND pid <> pg_backend_pid()",
+            "AND classid = %s AND granted AND pid <> pg_backend_pid() AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())",
             [0x63706C76],
         )
         assert cursor.fetchone()[0] is True
@@ -96,7 +97,8 @@ def test_a_live_worker_whose_session_is_cut_keeps_its_job(worker, start_process)
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
-                "AND granted",
+                "AND granted AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())",
                 [0x63706C76],
             )
             return cursor.fetchone()[0] == 1

@@ -25,10 +25,18 @@ from tests.conftest import postgres_server_lock, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-stops_postgres = pytest.mark.skipif(
-    os.environ.get("CONTROLPLANE_TEST_PG_RESTART") != "1",
-    reason="stops the PostgreSQL server: set CONTROLPLANE_TEST_PG_RESTART=1 (CI does)",
-)
+
+def stops_postgres(test):
+    """A test that stops the PostgreSQL server: only with CONTROLPLANE_TEST_PG_RESTART=1 (CI).
+
+    Marked ``stops_postgres`` (``./scripts/dev test`` runs the PgBouncer pass's after
+    the other passes), and given time to wait for the server (``postgres_server_lock``).
+    """
+    test = pytest.mark.skipif(
+        os.environ.get("CONTROLPLANE_TEST_PG_RESTART") != "1",
+        reason="stops the PostgreSQL server: set CONTROLPLANE_TEST_PG_RESTART=1 (CI does)",
+    )(test)
+    return pytest.mark.timeout(900)(pytest.mark.stops_postgres(test))
 
 
 def _postgres_only():
@@ -184,7 +192,8 @@ def _listening() -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
-            " AND granted AND pid <> pg_backend_pid()",
+            " AND granted AND pid <> pg_backend_pid() AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())",
             [0x63706C76],
         )
         return cursor.fetchone()[0] > 0

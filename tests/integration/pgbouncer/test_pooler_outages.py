@@ -87,7 +87,7 @@ def test_a_session_cut_before_begin_is_an_outage(pgbouncer):
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE application_name = %s",
+                    "WHERE application_name = %s AND datname = current_database()",
                     [RACED],
                 )
             try:
