@@ -256,6 +256,9 @@ def hand_to_write_queue(message: ClaimedMessage, output: Any) -> bool:
     nothing, and returns False; so does one whose parent dropped its messages.
     """
     _, write_queue = batch_queue_names(message.queue)
+    # The database's time, as claims compare it (not the model's default, this host's clock:
+    # a consumer whose reading of the database's clock lags found such a message invisible).
+    now = db_now()
     with transaction.atomic():
         deleted, _ = BatchMessage.objects.filter(pk=message.id, attempts=message.attempts).delete()
         if not deleted:
@@ -267,6 +270,8 @@ def hand_to_write_queue(message: ClaimedMessage, output: Any) -> bool:
             batch_index=message.batch_index,
             payload={"output": output},
             max_attempts=message.max_attempts,
+            visible_after=now,
+            created_at=now,
         )
         notify_queues([write_queue])
     return True

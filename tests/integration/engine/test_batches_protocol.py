@@ -8,11 +8,16 @@ parent ends counted exactly once.
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from jobs import batches, transitions
+from jobs import batches, clock, transitions
 from jobs.batches import claim_messages, dispatch_batches, write_batch
+from jobs.clock import Reading, db_now
 from jobs.models import BatchMessage, BatchReceipt, Job, JobEvent
 from jobs.operations import registry
 from jobs.rescues import requeue_expired_leases
@@ -64,6 +69,18 @@ def test_batches_written_before_the_coordinator_defers_close_the_parent_at_defer
     assert row.status == "succeeded"
     assert row.result == {"batches": 3, "batches_written": 3}
     assert [e for _, e in assert_consistent(parent)][-2:] == ["job.deferred", "job.succeeded"]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's clock is this process's")
+def test_write_messages_are_visible_at_once_to_a_clock_reading_that_lags(monkeypatch):
+    """A reading of the database's clock lags by up to its round trip (a slow one under
+    load): messages stamped with this host's clock were invisible to claims until it passed."""
+    behind = db_now() - timedelta(seconds=5)
+    lagging = Reading(db=behind, monotonic=time.monotonic(), skew=5.0, round_trip=5.0)
+    monkeypatch.setitem(clock._readings, "default", lagging)
+    parent, _held, _outcome = coordinate(2)
+    assert drain(f"{parent.queue}.batch") == ["processed"] * 2
+    assert drain(f"{parent.queue}.write") == ["written"] * 2
 
 
 def test_a_coordinator_with_no_batches_is_closed_by_its_defer():
@@ -135,7 +152,7 @@ def test_a_write_message_delivered_twice_is_counted_once():
     # the message comes back and another consumer writes it again.
     duplicate = BatchMessage.objects.get(pk=first.id)
     duplicate.pk = None
-    duplicate.attempts, duplicate.visible_after = 0, timezone.now()
+    duplicate.attempts, duplicate.visible_after = 0, db_now()
     duplicate.save()
     assert write_batch(first) == "written"
     assert drain(write_queue) == ["duplicate"]
