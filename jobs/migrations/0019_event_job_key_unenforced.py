@@ -32,9 +32,8 @@ class DropEventJobKey(migrations.AlterField):
         if schema_editor.connection.vendor == "postgresql":
             from jobs.partitions import is_partitioned
 
-            if is_partitioned(
-                schema_editor.connection
-            ):  # a partitioned table keeps no key (jobs.event_layout)
+            # A partitioned table keeps no key (jobs.event_layout).
+            if is_partitioned(schema_editor.connection):
                 return
             with schema_editor.connection.cursor() as cursor:
                 cursor.execute(
