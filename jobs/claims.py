@@ -84,11 +84,12 @@ class ClaimedJob:
 _RETURNING = (
     "RETURNING id, operation, queue, payload, attempts, max_attempts, parent_id, "
     "lease_token, last_event_seq, (expires_at IS NOT NULL AND expires_at <= {now}) AS expired, "
-    "timeout_seconds, trace_context, (has_dependents OR workflow_id IS NOT NULL) AS followed"
+    "timeout_seconds, trace_context, (has_dependents OR workflow_id IS NOT NULL) AS followed, "
+    "started_at"
 )
 # PostgreSQL only (data-modifying CTEs): the database's clock, as the UPDATE beside them.
 _STARTED_EVENT = (
-    f"SELECT id, last_event_seq, statement_timestamp(), '{JOB_STARTED}', 'info', '', "
+    f"SELECT id, last_event_seq, started_at, '{JOB_STARTED}', 'info', '', "
     "jsonb_build_object('worker', %s::text, 'host', %s::text, 'pid', %s::int, 'attempt', attempts) "
     "FROM claimed"
 )
@@ -183,14 +184,22 @@ def _claim_update(
     worker_id: uuid.UUID,
     now: datetime | None,
     lease_seconds: float,
+    started_sql: str | None = None,
 ) -> tuple[str, list[Any]]:
     """The transition queued -> running of the picked jobs: UPDATE … RETURNING.
 
     PostgreSQL probes them by primary key. The pick reads queued jobs only.
+    ``started_sql`` (PostgreSQL) is the start's time when it is not the
+    statement's: a pick that counted running jobs later in the statement
+    (``PickAfter``) starts its jobs after what it counted had ended.
     """
     check_transition(QUEUED, RUNNING)
-    now_sql, now_params = d.now(at=now)
-    lease_sql, lease_params = d.now(lease_seconds, at=now)
+    if started_sql is None:
+        now_sql, now_params = d.now(at=now)
+        lease_sql, lease_params = d.now(lease_seconds, at=now)
+    else:
+        now_sql, now_params = started_sql, []
+        lease_sql, lease_params = f"({started_sql} + %s * interval '1 second')", [lease_seconds]
     # ``id = ANY(ARRAY(…))`` evaluates the pick once (an InitPlan) and then probes
     # controlplane_job_pkey: never a hash semi-join over a scan of the whole table.
     target = f"id = ANY(ARRAY({pick}))" if d.postgres else f"id IN ({pick})"
@@ -612,6 +621,26 @@ def complete_followed(
 # --- both at once -------------------------------------------------------------
 
 
+@dataclass
+class PickAfter:
+    """A pick that runs in ``complete_and_claim``'s statement after the plain one (keyed jobs).
+
+    ``sql`` selects one row whose ``ids`` (uuid[]) are the jobs to start
+    and ``at``, the database's clock when it chose them (or NULL): the
+    claim's jobs start then, not at the statement's start, so their
+    ``job.started`` never predates an end its choice saw. In it, before
+    every placeholder of ``params``, ``{wanted}`` stands for how many the
+    claim may still start and ``{ending}`` for a uuid[]: the lease tokens
+    of the jobs the statement completes (they run no more). The
+    row's other columns are read back into ``found`` (``jobs.keyed_claims``
+    learns from them).
+    """
+
+    sql: str
+    params: list[Any]
+    found: dict[str, Any] | None = None
+
+
 def complete_and_claim(
     completions: Sequence[Completion],
     *,
@@ -620,6 +649,8 @@ def complete_and_claim(
     limit: int,
     lease_seconds: float,
     local_operations: Collection[str] | None = None,
+    after: Sequence[PickAfter] = (),
+    runner: Runner | None = None,
     using: str = "default",
 ) -> tuple[list[uuid.UUID], list[ClaimedJob]]:
     """``complete_jobs`` then an uncapped ``claim_jobs``, as one statement: one commit per cycle.
@@ -632,50 +663,95 @@ def complete_and_claim(
     ``job.started``) with the job's next ``seq``, in the same statement. The
     statement reads one snapshot, so the jobs it completes (running) and the
     jobs it claims (queued) never overlap.
+
+    ``after``: picks that take what the plain pick of ``queues`` left of
+    ``limit``, in order (``jobs.keyed_claims``), started by the same statement.
     """
     d = dialect(using)
     if not d.postgres:
         raise NotImplementedError("complete_and_claim needs PostgreSQL; call the two steps.")
-    if not completions:
+    if limit <= 0:
+        after = ()
+    if not completions and not after:
         return [], claim_jobs(
             queues=queues,
             worker_id=worker_id,
             limit=limit,
             lease_seconds=lease_seconds,
             local_operations=local_operations,
+            runner=runner,
             using=using,
         )
-    if limit <= 0 or not queues:
+    if (limit <= 0 or not queues) and not after:
         return complete_jobs(completions, using=using), []
     now = None  # PostgreSQL: its own clock, in the statement
-    done, done_params = _completion_update(d, completions, now)
-    pick, pick_params = _pick(
-        d,
-        queues=queues,
-        now=now,
-        limit=limit,
-        operations=None,
-        local_operations=local_operations,
-    )
+    ctes: list[str] = []
+    params: list[Any] = []
+    if completions:
+        done, done_params = _completion_update(d, completions, now)
+        ctes.append(f"done AS ({done}, v.column6 AS duration_ms)")
+        params += done_params
+    if queues:
+        pick, pick_params = _pick(
+            d,
+            queues=queues,
+            now=now,
+            limit=limit,
+            operations=None,
+            local_operations=local_operations,
+        )
+        ctes.append(f"p0 AS (SELECT ARRAY({pick}) AS ids)")
+        params += pick_params
+    else:
+        ctes.append("p0 AS (SELECT '{}'::uuid[] AS ids)")
+    taken = "cardinality((SELECT ids FROM p0))"
+    ending = array_literal(str(c.lease_token) for c in completions)
+    for i, later in enumerate(after, 1):
+        call = later.sql.format(wanted=f"%s - {taken}", ending="%s::uuid[]")
+        ctes.append(f"p{i} AS ({call})")
+        params += [limit, ending, *later.params]
+        taken += f" + cardinality((SELECT ids FROM p{i}))"
+    picked = " || ".join(f"(SELECT ids FROM p{i})" for i in range(len(after) + 1))
     claim, claim_params = _claim_update(
         d,
-        pick=pick,
-        pick_params=pick_params,
+        pick=f"SELECT unnest({picked})",
+        pick_params=[],
         worker_id=worker_id,
         now=now,
         lease_seconds=lease_seconds,
+        started_sql="greatest(statement_timestamp(), "
+        + ", ".join(f"(SELECT at FROM p{i})" for i in range(1, len(after) + 1))
+        + ")"
+        if after
+        else None,
     )
-    sql = (
-        f"WITH done AS ({done}, v.column6 AS duration_ms), claimed AS ({claim}), "
-        f"ev AS (INSERT INTO {_EVENT_COLUMNS} {_SUCCEEDED_EVENT} UNION ALL {_STARTED_EVENT}) "
+    ctes.append(f"claimed AS ({claim})")
+    params += claim_params
+    events = f"{_SUCCEEDED_EVENT} UNION ALL {_STARTED_EVENT}" if completions else _STARTED_EVENT
+    ctes.append(f"ev AS (INSERT INTO {_EVENT_COLUMNS} {events})")
+    runner = runner or this_process()
+    params += [str(worker_id), runner.host, runner.pid]
+    parts = [
         "SELECT id, operation, queue, payload, attempts, max_attempts, parent_id, lease_token, "
-        "last_event_seq, expired, timeout_seconds, trace_context, followed FROM claimed "
-        "UNION ALL SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
-        "NULL FROM done"
-    )
+        "last_event_seq, expired, timeout_seconds, trace_context, followed FROM claimed"
+    ]
+    if completions:
+        parts.append(
+            "SELECT id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+            "NULL FROM done"
+        )
+    parts += [
+        f"SELECT NULL, '{i}', NULL, to_jsonb(p{i}) - 'ids' "
+        f"|| jsonb_build_object('started', cardinality(p{i}.ids)), "
+        f"NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM p{i}"
+        for i in range(1, len(after) + 1)
+    ]
+    sql = f"WITH {', '.join(ctes)} {' UNION ALL '.join(parts)}"
     with connections[using].cursor() as cursor:
-        runner = this_process()
-        cursor.execute(sql, [*done_params, *claim_params, str(worker_id), runner.host, runner.pid])
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
-    moved = [r[0] for r in rows if r[1] is None]
-    return moved, [_claimed(d, r) for r in rows if r[1] is not None]
+    for r in rows:
+        if r[0] is None:
+            after[int(r[1]) - 1].found = d.read_json(r[3])
+    moved = [r[0] for r in rows if r[0] is not None and r[1] is None]
+    return moved, [_claimed(d, r) for r in rows if r[0] is not None and r[1] is not None]

@@ -36,6 +36,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Collection, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -45,7 +46,9 @@ from django.utils import timezone
 
 from jobs.claims import (
     ClaimedJob,
+    PickAfter,
     Runner,
+    complete_and_claim,
     operation_conditions,
     room_under_cap,
     start_picked,
@@ -167,63 +170,54 @@ def claim_keyed(
     if limit <= 0 or (operations is not None and not operations):
         return KeyedClaim([])
     d = dialect(using)
+    if d.postgres:
+        return _claim_keyed_postgres(
+            queue=queue,
+            worker_id=worker_id,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            operations=operations,
+            local_operations=local_operations,
+            cap=cap,
+            runner=runner,
+            using=using,
+        )
     runner = runner or this_process()
     limits = cache.rows(using)
-    # No savepoint inside a caller's transaction (a worker's cycle writes its completions
-    # and claims in one): a failure here fails the caller's transaction as a whole.
+    # No savepoint inside a caller's transaction: a failure here fails the caller's
+    # transaction as a whole.
     scope = transaction.atomic(using=using, savepoint=False)
     with scope, connections[using].cursor() as cursor:
         if cap is not None:
             limit = min(limit, room_under_cap(cursor, d, queue, cap))
             if limit <= 0:
                 return KeyedClaim([])
-        if d.postgres:
-            # The counts of running keyed jobs read a partial index that every claim and
-            # completion churns. A bitmap scan visits each dead entry's heap page on every
-            # claim until a vacuum (2-4 ms a claim late in a drain of 20,000 jobs); an index
-            # scan marks them dead as it passes (0.1 ms). For the rest of this transaction.
-            cursor.execute("SET LOCAL enable_bitmapscan = off")
-        now = None if d.postgres else timezone.now()
+        now = timezone.now()
         size = _windows.size(using, queue, limit)
         window = _window(cursor, d, queue, size, now, operations, local_operations, limits)
-        lanes, full = window.lanes, window.full
+        lanes = window.lanes
+        found = {"asked": limit, "turns": window.turns, "full_keys": window.full_keys}
         if not lanes:
-            _windows.learn(using, queue, short=full, filled=False)
             # Turns without a job to give them to: another claimer holds those jobs.
-            retry = _windows.retry_after_short(
-                using, queue, held_back=window.turns > 0 or window.full_keys > 0
-            )
-            return KeyedClaim([], retry)
-        if window.held is not None:  # PostgreSQL: locked by the window's statement
-            held, db_now = window.held, window.now
-        else:
-            limited = sorted(
-                {
-                    k
-                    for lane in lanes
-                    for c in lane.best
-                    for k in c.keys
-                    if limits_for(k, limits).limited
-                }
-            )
-            held, db_now = _lock_keys(cursor, d, limited) if limited else ({}, None)
+            held_back = window.turns > 0
+            return KeyedClaim([], settle(using, queue, size, {**found, "held_back": held_back}))
+        keys = {k for lane in lanes for c in lane.best for k in c.keys}
+        limited = sorted(k for k in keys if limits_for(k, limits).limited)
+        held = _lock_keys(cursor, d, limited) if limited else {}
         running = _running(cursor, d, [k for k in held if limits_for(k, limits).concurrency])
-        admission = _Admission(limits, held, running, db_now or now or timezone.now())
+        admission = _Admission(limits, held, running, now)
         admitted = admission.run(lanes, limit)
-        _windows.learn(
+        retry_in = settle(
             using,
             queue,
-            short=full and len(admitted) < limit,
-            filled=len(admitted) >= limit,
+            size,
+            {
+                **found,
+                "started": len(admitted),
+                "held_back": admission.held_back,
+                "retry_in": admission.retry_in,
+            },
         )
-        retry_in = admission.retry_in
-        short_retry = _windows.retry_after_short(
-            using,
-            queue,
-            held_back=(admission.held_back or window.full_keys > 0) and len(admitted) < limit,
-        )
-        if short_retry is not None:
-            retry_in = short_retry if retry_in is None else min(retry_in, short_retry)
         if not admitted:
             return KeyedClaim([], retry_in)
         _spend_tokens(cursor, d, admission)
@@ -232,14 +226,133 @@ def claim_keyed(
         jobs = start_picked(
             cursor,
             d,
-            pick=_ids_pick(d, len(ids)),
-            pick_params=_ids_params(d, ids),
+            pick=f"SELECT id FROM {JOB_TABLE} WHERE id IN {d.in_list(len(ids))}",
+            pick_params=list(ids),
             worker_id=worker_id,
             now=now,
             lease_seconds=lease_seconds,
             runner=runner,
         )
     return KeyedClaim(jobs, retry_in)
+
+
+def _claim_keyed_postgres(
+    *,
+    queue: str,
+    worker_id: uuid.UUID,
+    limit: int,
+    lease_seconds: float,
+    operations: Sequence[str] | None,
+    local_operations: Collection[str] | None,
+    cap: int | None,
+    runner: Runner | None,
+    using: str,
+) -> KeyedClaim:
+    """One statement (``controlplane_keyed_pick`` and the start), after the cap's count if any."""
+    scope = transaction.atomic(using=using) if cap is not None else nullcontext()
+    with scope:
+        if cap is not None:
+            with connections[using].cursor() as cursor:
+                limit = min(limit, room_under_cap(cursor, dialect(using), queue, cap))
+            if limit <= 0:
+                return KeyedClaim([])
+        pick = keyed_pick(
+            queue,
+            limit=limit,
+            operations=operations,
+            local_operations=local_operations,
+            using=using,
+        )
+        _, jobs = complete_and_claim(
+            [],
+            queues=[],
+            worker_id=worker_id,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            after=[pick],
+            runner=runner,
+            using=using,
+        )
+    return KeyedClaim(jobs, settled(pick))
+
+
+@dataclass
+class KeyedPick(PickAfter):
+    """A keyed pick of one queue, for ``complete_and_claim`` (PostgreSQL)."""
+
+    queue: str = ""
+    size: int = 0  # its window's turns
+    using: str = "default"
+
+
+def keyed_pick(
+    queue: str,
+    *,
+    limit: int,
+    operations: Sequence[str] | None = None,
+    local_operations: Collection[str] | None = None,
+    using: str = "default",
+) -> KeyedPick:
+    """The keyed claim of ``queue`` as a pick of ``complete_and_claim``'s statement (PostgreSQL).
+
+    ``controlplane_keyed_pick`` (migration 0020) runs the module's steps; after
+    the statement, ``settled`` says when to try again.
+    """
+    limits = cache.rows(using)
+    named = sorted(limits)
+    size = _windows.size(using, queue, limit)
+    return KeyedPick(
+        "SELECT * FROM controlplane_keyed_pick({wanted}, {ending}, %s, statement_timestamp(), "
+        "%s, %s, "
+        "%s::text[], %s::text[], %s::text[], %s::int[], %s::float8[], %s::float8[])",
+        [
+            queue,
+            size,
+            scan_size(size),
+            None if operations is None else list(operations),
+            None if local_operations is None else list(local_operations),
+            named,
+            [limits[n].concurrency for n in named],
+            [limits[n].rate for n in named],
+            [limits[n].burst for n in named],
+        ],
+        queue=queue,
+        size=size,
+        using=using,
+    )
+
+
+def settled(pick: KeyedPick) -> float | None:
+    """When to claim the pick's queue again, its window factor learnt (``settle``)."""
+    if pick.found is None:
+        return None
+    return settle(pick.using, pick.queue, pick.size, pick.found)
+
+
+def settle(using: str, queue: str, size: int, found: dict[str, Any]) -> float | None:
+    """Learn the window's factor from a claim; when to claim again, if a key held jobs back.
+
+    ``found``: what the claim wanted (``asked``) and started, the turns its
+    window held, the keys already at their limit (``full_keys``), whether a
+    key at its limit or held by another claimer kept a job back
+    (``held_back``), and a key's next token (``retry_in``).
+    """
+    asked, started = found["asked"], found.get("started", 0)
+    if asked <= 0:
+        return None
+    _windows.learn(
+        using,
+        queue,
+        short=found["turns"] >= size and started < asked,
+        filled=started >= asked,
+    )
+    retry_in = found.get("retry_in")
+    short_retry = _windows.retry_after_short(
+        using, queue, held_back=(found["held_back"] or found["full_keys"] > 0) and started < asked
+    )
+    if short_retry is not None:
+        retry_in = short_retry if retry_in is None else min(retry_in, short_retry)
+    return retry_in
 
 
 # --- 1. the window ------------------------------------------------------------------
@@ -259,8 +372,6 @@ class _Window:
     # Keys at their concurrency limit whose jobs the window left out (they free up when
     # a job ends on any worker, which wakes nobody: a claim that came up short retries).
     full_keys: int = 0
-    held: dict[str, _Bucket] | None = None  # PostgreSQL: the limited keys locked with it
-    now: datetime | None = None  # PostgreSQL: the statement's time
 
 
 def _window(
@@ -268,99 +379,19 @@ def _window(
     d: Any,
     queue: str,
     size: int,
-    now: datetime | None,
+    now: datetime,
     operations: Sequence[str] | None,
     local_operations: Collection[str] | None,
     limits: dict[str, Limits],
 ) -> _Window:
-    """The window's lanes in turn order, each with its best jobs (locked on PostgreSQL).
-
-    PostgreSQL does step 2 in the same statement (one round trip less): the
-    limited keys of the locked jobs, their rows made on first use and locked
-    ``FOR UPDATE SKIP LOCKED`` after the jobs. Which keys are limited is
-    ``limits_for`` in SQL: a key's own row, else its family's (the text
-    before its first ``:``), on the claim's ``limits``.
-    """
+    """SQLite: the window's lanes in turn order, each with its best jobs."""
     now_sql, now_params = d.now(at=now)
     filters = [("queue = %s", [queue]), (f"run_after <= {now_sql}", now_params)]
     filters += operation_conditions(d, operations, local_operations)
     where = " AND ".join(["status = 'queued'", "fair_turn IS NOT NULL", *(f for f, _ in filters)])
     where_params = [p for _, ps in filters for p in ps]
     lanes: dict[str, _Lane] = {}
-    if d.postgres:
-        named = sorted(limits)
-        limited = sorted(name for name, lim in limits.items() if lim.limited)
-        capped = [limits[name].concurrency for name in named]
-        cursor.execute(
-            f"WITH {_FULL_KEYS}, "
-            "blocked AS (SELECT COALESCE(array_agg(key), '{}') AS keys FROM full_keys), "
-            # The window's turns are locked too, one by one in turn order, SKIP LOCKED:
-            # claimers running at once take the next turns rather than all meeting the
-            # ones the first holds (two workers drained keyed jobs no faster than one).
-            # The outer LIMIT stops the scan, so only the turns taken are locked. Each is
-            # locked by its row's address (a TID scan, whatever the statistics say): a
-            # turn changed since this statement's snapshot has moved, and is skipped.
-            "win AS (SELECT t.id, t.fair_key, t.fair_turn FROM (SELECT scan.ctid FROM "
-            f"(SELECT ctid, flow_keys FROM {JOB_TABLE} WHERE {where} "
-            "ORDER BY fair_turn LIMIT %s) AS scan "
-            "WHERE NOT (scan.flow_keys ?| (SELECT keys FROM blocked))) AS c "
-            f"CROSS JOIN LATERAL (SELECT id, fair_key, fair_turn FROM {JOB_TABLE} "
-            "WHERE ctid = c.ctid FOR UPDATE SKIP LOCKED) AS t LIMIT %s), "
-            "slots AS (SELECT fair_key, count(*) AS n FROM win GROUP BY fair_key), "
-            "best AS (SELECT s.fair_key, c.id, c.fair_turn, c.flow_keys, c.priority FROM slots s "
-            f"CROSS JOIN LATERAL (SELECT id, fair_turn, flow_keys, priority FROM {JOB_TABLE} "
-            f"WHERE {where} AND fair_key = s.fair_key "
-            "AND NOT (flow_keys ?| (SELECT keys FROM blocked)) "
-            "ORDER BY priority DESC, fair_turn LIMIT s.n FOR UPDATE SKIP LOCKED) c), "
-            "wanted AS (SELECT DISTINCT k.key FROM best b "
-            "CROSS JOIN LATERAL jsonb_array_elements_text(b.flow_keys) AS k(key) "
-            "WHERE k.key = ANY(%s::text[]) OR (k.key <> ALL(%s::text[]) "
-            "AND split_part(k.key, ':', 1) = ANY(%s::text[]))), "
-            # Only keys without a row try the INSERT: a speculative insert that meets
-            # its conflict costs ~30 us a key.
-            f"made AS (INSERT INTO {FLOW_KEY_TABLE} (key, tokens, refilled_at, created_at) "
-            "SELECT w.key, 0, NULL, statement_timestamp() FROM wanted w "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {FLOW_KEY_TABLE} f WHERE f.key = w.key) "
-            "ON CONFLICT DO NOTHING RETURNING key, tokens, refilled_at), "
-            f"held AS (SELECT key, tokens, refilled_at FROM {FLOW_KEY_TABLE} "
-            "WHERE key IN (SELECT key FROM wanted) FOR UPDATE SKIP LOCKED) "
-            "SELECT 0, w.fair_key, w.id, w.fair_turn, NULL::jsonb, 0, NULL::float8, "
-            "NULL::timestamptz FROM win w "
-            "UNION ALL SELECT 1, b.fair_key, b.id, b.fair_turn, b.flow_keys, b.priority, "
-            "NULL, NULL FROM best b "
-            "UNION ALL SELECT 2, key, NULL, NULL, NULL, NULL, tokens, refilled_at FROM held "
-            "UNION ALL SELECT 2, key, NULL, NULL, NULL, NULL, tokens, refilled_at FROM made "
-            "UNION ALL SELECT 3, NULL, NULL, NULL, NULL, NULL, "
-            "cardinality((SELECT keys FROM blocked))::float8, statement_timestamp()",
-            [
-                named,
-                capped,
-                *where_params,
-                scan_size(size),
-                size,
-                *where_params,
-                limited,
-                named,
-                limited,
-            ],
-        )
-        rows = cursor.fetchall()
-        for _kind, key, job_id, turn, *_ in sorted(
-            (r for r in rows if r[0] == 0), key=lambda r: r[3]
-        ):
-            lanes.setdefault(key, _Lane(key)).turns.append((job_id, turn))
-        best = sorted((r for r in rows if r[0] == 1), key=lambda r: (-r[5], r[3]))
-        for _kind, key, job_id, turn, keys, *_ in best:
-            lanes[key].best.append(_Candidate(job_id, d.read_json(keys), turn))
-        return _Window(
-            [lane for lane in lanes.values() if lane.best],
-            full=sum(len(lane.turns) for lane in lanes.values()) >= size,
-            turns=sum(len(lane.turns) for lane in lanes.values()),
-            held={r[1]: _Bucket(r[6], r[7]) for r in rows if r[0] == 2},
-            now=next(r[7] for r in rows if r[0] == 3),
-            full_keys=int(next(r[6] for r in rows if r[0] == 3)),
-        )
-    blocked = _full_keys_sqlite(cursor, d, limits)
+    blocked = _full_keys(cursor, limits)
     unblocked, unblocked_params = "1 = 1", []
     if blocked:
         listed = d.in_list(len(blocked))
@@ -387,18 +418,6 @@ def _window(
     )
 
 
-# Keys already at their concurrency limit, by the running jobs' keys (a snapshot: the
-# claim's own count after the locks decides; this only keeps them out of the window).
-# Parameters: every limit row's name, and its concurrency (NULL: none).
-_FULL_KEYS = (
-    "lim AS (SELECT * FROM unnest(%s::text[], %s::int[]) AS l(name, concurrency)), "
-    "running AS (SELECT k.key, count(*) AS n FROM "
-    f"{JOB_TABLE} j CROSS JOIN LATERAL jsonb_array_elements_text(j.flow_keys) AS k(key) "
-    "WHERE j.status = 'running' AND j.fair_key IS NOT NULL GROUP BY k.key), "
-    "full_keys AS (SELECT r.key FROM running r LEFT JOIN lim own ON own.name = r.key "
-    "LEFT JOIN lim fam ON fam.name = split_part(r.key, ':', 1) "
-    "WHERE r.n >= CASE WHEN own.name IS NOT NULL THEN own.concurrency ELSE fam.concurrency END)"
-)
 # The most turns a window reads past keys at their limit to find turns it can start.
 MAX_SCAN = 5000
 
@@ -408,7 +427,7 @@ def scan_size(size: int) -> int:
     return max(size, min(MAX_SCAN, 20 * size))
 
 
-def _full_keys_sqlite(cursor: Any, d: Any, limits: dict[str, Limits]) -> list[str]:
+def _full_keys(cursor: Any, limits: dict[str, Limits]) -> list[str]:
     """SQLite: the keys of running jobs that are at their concurrency limit."""
     if not any(lim.concurrency is not None for lim in limits.values()):
         return []
@@ -427,8 +446,8 @@ def _full_keys_sqlite(cursor: Any, d: Any, limits: dict[str, Limits]) -> list[st
 # --- 2. and 3. the keys and their counts ---------------------------------------------
 
 
-def _lock_keys(cursor: Any, d: Any, keys: list[str]) -> tuple[dict[str, _Bucket], None]:
-    """SQLite: make the keys' rows on first use (PostgreSQL locks them in ``_window``).
+def _lock_keys(cursor: Any, d: Any, keys: list[str]) -> dict[str, _Bucket]:
+    """SQLite: make the keys' rows on first use.
 
     Its IMMEDIATE transaction already keeps other claimers out: every key is held.
     """
@@ -439,28 +458,19 @@ def _lock_keys(cursor: Any, d: Any, keys: list[str]) -> tuple[dict[str, _Bucket]
         [(k, stamp) for k in keys],
     )
     rows = FlowKey.objects.using(cursor.db.alias).filter(key__in=keys)
-    return {r.key: _Bucket(r.tokens, r.refilled_at) for r in rows}, None
+    return {r.key: _Bucket(r.tokens, r.refilled_at) for r in rows}
 
 
 def _running(cursor: Any, d: Any, keys: list[str]) -> dict[str, int]:
     """How many jobs of each key run now (a new statement: it sees every earlier claim)."""
     if not keys:
         return {}
-    if d.postgres:
-        cursor.execute(
-            f"SELECT k.key, count(*) FROM {JOB_TABLE} j "
-            "CROSS JOIN LATERAL jsonb_array_elements_text(j.flow_keys) AS k(key) "
-            "WHERE j.status = 'running' AND j.fair_key IS NOT NULL AND k.key = ANY(%s::text[]) "
-            "GROUP BY k.key",
-            [keys],
-        )
-    else:
-        cursor.execute(
-            f"SELECT k.value, count(*) FROM {JOB_TABLE} j, json_each(j.flow_keys) k "
-            "WHERE j.status = 'running' AND j.fair_key IS NOT NULL "
-            f"AND k.value IN {d.in_list(len(keys))} GROUP BY k.value",
-            keys,
-        )
+    cursor.execute(
+        f"SELECT k.value, count(*) FROM {JOB_TABLE} j, json_each(j.flow_keys) k "
+        "WHERE j.status = 'running' AND j.fair_key IS NOT NULL "
+        f"AND k.value IN {d.in_list(len(keys))} GROUP BY k.value",
+        keys,
+    )
     return dict(cursor.fetchall())
 
 
@@ -550,18 +560,6 @@ def _spend_tokens(cursor: Any, d: Any, admission: _Admission) -> None:
     keys = sorted(admission.spent)
     if not keys:
         return
-    if d.postgres:
-        cursor.execute(
-            f"UPDATE {FLOW_KEY_TABLE} SET tokens = v.tokens, refilled_at = v.at "
-            "FROM unnest(%s::text[], %s::float8[], %s::timestamptz[]) AS v(key, tokens, at) "
-            f"WHERE {FLOW_KEY_TABLE}.key = v.key",
-            [
-                keys,
-                [max(0.0, admission.tokens[k]) for k in keys],
-                [admission.stamps[k] for k in keys],
-            ],
-        )
-        return
     cursor.executemany(
         f"UPDATE {FLOW_KEY_TABLE} SET tokens = %s, refilled_at = %s WHERE key = %s",
         [(max(0.0, admission.tokens[k]), d.ts(admission.stamps[k]), k) for k in keys],
@@ -586,27 +584,7 @@ def _hand_over_turns(cursor: Any, d: Any, lanes: list[_Lane], started: set[Any])
         moves += list(zip(holders, later_turns, strict=True))
     if not moves:
         return
-    if d.postgres:
-        cursor.execute(
-            f"WITH movable AS (SELECT id FROM {JOB_TABLE} WHERE id = ANY(%s::uuid[]) "
-            "AND status = 'queued' FOR UPDATE SKIP LOCKED) "
-            f"UPDATE {JOB_TABLE} SET fair_turn = v.turn "
-            "FROM unnest(%s::uuid[], %s::float8[]) AS v(id, turn) "
-            f"WHERE {JOB_TABLE}.id = v.id AND {JOB_TABLE}.id IN (SELECT id FROM movable)",
-            [[m[0] for m in moves], [m[0] for m in moves], [m[1] for m in moves]],
-        )
-        return
     cursor.executemany(
         f"UPDATE {JOB_TABLE} SET fair_turn = %s WHERE id = %s AND status = 'queued'",
         [(turn, job_id) for job_id, turn in moves],
     )
-
-
-def _ids_pick(d: Any, n: int) -> str:
-    if d.postgres:
-        return "SELECT unnest(%s::uuid[])"
-    return f"SELECT id FROM {JOB_TABLE} WHERE id IN {d.in_list(n)}"
-
-
-def _ids_params(d: Any, ids: list[Any]) -> list[Any]:
-    return [ids] if d.postgres else list(ids)

@@ -42,10 +42,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from queue import SimpleQueue
 
-from django.db import DataError, connection, transaction
+from django.db import DataError, connection
 
 from jobs import signals, transitions
 from jobs.batches import claim_messages
@@ -64,7 +63,7 @@ from jobs.clock import check_skew, db_now
 from jobs.exceptions import LeaseLost
 from jobs.independent import independent_connection
 from jobs.key_limits import apply_declared_limits
-from jobs.keyed_claims import claim_keyed
+from jobs.keyed_claims import claim_keyed, keyed_pick, settled
 from jobs.logging_json import state_line_level
 from jobs.models import QueueKind, Worker, WorkerKind
 from jobs.operations import OperationRegistry
@@ -520,10 +519,9 @@ class JobWorker:
     def _complete_and_claim(self, queues: list[str], keyed: Sequence[str] = ()) -> int:
         """Write the gathered completions and claim, with one commit per cycle.
 
-        Plain queues: one statement (``complete_and_claim``). With ``keyed``
-        queues, their claims (``jobs.keyed_claims``) follow in the same
-        transaction; writing the completions on their own first took a second
-        commit per cycle (bench/flow_keys.py). Successes of jobs others wait for
+        One statement (``complete_and_claim``); ``keyed`` queues' claims
+        (``jobs.keyed_claims.keyed_pick``) take what the plain claim left, in the
+        same statement (bench/flow_keys.py). Successes of jobs others wait for
         go first, in a transaction of their own that also claims what they
         release (``_complete_followed``): a chain's next step starts before
         this cycle's statement runs.
@@ -543,29 +541,19 @@ class JobWorker:
 
         def cycle() -> tuple[list[uuid.UUID], list[ClaimedJob]]:
             retry.clear()
-            # One statement is atomic on its own: no BEGIN/COMMIT round trips for it.
-            with transaction.atomic() if keyed else nullcontext():
-                moved, jobs = complete_and_claim(
-                    batch,
-                    queues=queues,
-                    worker_id=self.id,
-                    limit=limit,
-                    lease_seconds=self.config.lease_seconds,
-                    local_operations=self._local_operations,
-                )
-                for queue in keyed:
-                    if len(jobs) >= limit:
-                        break
-                    result = claim_keyed(
-                        queue=queue,
-                        worker_id=self.id,
-                        limit=limit - len(jobs),
-                        lease_seconds=self.config.lease_seconds,
-                        local_operations=self._local_operations,
-                    )
-                    jobs += result.jobs
-                    if result.retry_in is not None:
-                        retry.append(result.retry_in)
+            picks = [
+                keyed_pick(q, limit=limit, local_operations=self._local_operations) for q in keyed
+            ]
+            moved, jobs = complete_and_claim(
+                batch,
+                queues=queues,
+                worker_id=self.id,
+                limit=limit,
+                lease_seconds=self.config.lease_seconds,
+                local_operations=self._local_operations,
+                after=picks,
+            )
+            retry.extend(r for r in map(settled, picks) if r is not None)
             return moved, jobs
 
         try:
