@@ -6,28 +6,33 @@ One transaction per claim, on one queue:
    given at enqueue by ``jobs.fair_turns``), ``window_size(limit, factor)`` of them
    (``_WindowFactors``: as many as the claim may start, more while keys are full):
    each is a turn for its fair key, locked ``FOR UPDATE SKIP LOCKED`` as it is
-   read, so claimers at once take different turns. Each key's turns go to its
-   best jobs by priority (then turn), locked the same way (PostgreSQL: one
-   statement, a ``LATERAL`` probe of ``job_fair_key_idx`` per key).
+   read, so claimers at once take different turns. Keys already at their
+   limit are left out of it. Each key's turns go to its best jobs by
+   priority (then turn), locked the same way.
 2. **Keys.** The limited keys those jobs carry (``jobs.key_limits``) are
    locked, ``FOR UPDATE SKIP LOCKED`` on their ``FlowKey`` rows (made on
    first use). A key another claimer holds is skipped this round: nobody
-   waits on a key, so claimers never deadlock on them. (PostgreSQL: in the
-   window's statement, after its jobs: one round trip for steps 1 and 2.)
+   waits on a key, so claimers never deadlock on them.
 3. **Counts.** The running jobs of those keys, counted by a *new* statement
    after the locks: its snapshot sees every claim that held a key before
    us, so two claimers can never both see room for the same last slot.
-4. **Admission**, in Python, in turn order: a job starts when every one of
-   its limited keys has room (``concurrency``) and a whole token
-   (``rate``), and the claim's ``limit`` is not reached.
+4. **Admission**, round-robin over the keys in turn order: a job starts when
+   every one of its limited keys has room (``concurrency``) and a whole
+   token (``rate``), and the claim's ``limit`` is not reached.
 5. **Writes.** Buckets spent, turns handed over (a key's best job ran on the
    turn of an earlier one of lower priority: that job takes the later turn,
    so priority reorders a key's jobs without taking turns from other keys),
    and the admitted jobs started with their ``job.started`` events, as
    ``jobs.claims`` starts any job.
 
-SQLite: the same steps under its IMMEDIATE transaction, which lets one
-claimer in at a time (no row locks to take).
+PostgreSQL: steps 1 to 4 and the writes to keys and turns are one function,
+``controlplane_keyed_pick`` (migration 0020), called inside the statement
+that starts the jobs (``keyed_pick``, ``jobs.claims.complete_and_claim``): a
+worker's cycle completes its jobs and starts keyed ones in one statement.
+The function's statements each take a new snapshot, as step 3 needs.
+
+SQLite: the same steps here, in Python, under its IMMEDIATE transaction,
+which lets one claimer in at a time (no row locks to take).
 """
 
 from __future__ import annotations

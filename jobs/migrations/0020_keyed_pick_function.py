@@ -173,6 +173,9 @@ BEGIN
         held_back := true;  -- turns without a job to give them: another claimer holds those
         RETURN;
     END IF;
+    -- Arrays zipped by unnest below are made whole first: an element set on an empty
+    -- array starts it at that subscript.
+    c_started := array_fill(false, ARRAY[cardinality(c_ids)]);
     FOR i IN 1 .. cardinality(c_ids) LOOP
         IF l_from[c_lane[i]] IS NULL THEN
             l_from[c_lane[i]] := i;
@@ -193,6 +196,10 @@ BEGIN
              CROSS JOIN LATERAL jsonb_array_elements_text(c.keys) AS e(key)) AS s
      WHERE lim_concurrency[s.pos] IS NOT NULL OR lim_rate[s.pos] IS NOT NULL;
     IF cardinality(k_names) > 0 THEN
+        k_held := array_fill(false, ARRAY[cardinality(k_names)]);
+        k_tokens := array_fill(NULL::float8, ARRAY[cardinality(k_names)]);
+        k_stamp := array_fill(NULL::timestamptz, ARRAY[cardinality(k_names)]);
+        k_spent := array_fill(false, ARRAY[cardinality(k_names)]);
         INSERT INTO controlplane_flowkey (key, tokens, refilled_at, created_at)
         SELECT w.key, 0, NULL, statement_timestamp() FROM unnest(k_names) AS w(key)
          WHERE NOT EXISTS (SELECT 1 FROM controlplane_flowkey f WHERE f.key = w.key)

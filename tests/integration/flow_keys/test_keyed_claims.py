@@ -16,7 +16,7 @@ from jobs.exceptions import EnqueueError
 from jobs.flow_keys import Key
 from jobs.key_limits import cache
 from jobs.keyed_claims import claim_keyed
-from jobs.models import Job, KeyLimit, Queue, Worker
+from jobs.models import FlowKey, Job, KeyLimit, Queue, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -140,6 +140,19 @@ def test_rate_by_key(queue, worker_id):
     assert len(claim(queue, worker_id).jobs) == 1
 
 
+def test_each_bucket_spent_is_its_own_keys_among_many(queue, worker_id):
+    """One claim over keys with concurrency only and one with a rate: the token comes off the
+    rate key's bucket, not another key's (PostgreSQL's function zips the keys' arrays)."""
+    limit("acct", concurrency=1)
+    limit("api", rate=0.01, burst=1.0)
+    enqueue_many([JobSpec("ping", queue=queue, keys=[f"acct:{n}"]) for n in range(3)])
+    enqueue_many([JobSpec("ping", queue=queue, keys=["api:7"]) for _ in range(2)])
+    assert len(claim(queue, worker_id).jobs) == 4
+    buckets = {k.key: (k.tokens, k.refilled_at) for k in FlowKey.objects.all()}
+    assert buckets["api:7"][0] == pytest.approx(0.0) and buckets["api:7"][1] is not None
+    assert all(buckets[f"acct:{n}"][1] is None for n in range(3))
+
+
 def test_declared_limits_exist_before_the_first_claim(queue, worker_id):
     from jobs.operations import operation, registry
 
@@ -235,3 +248,42 @@ def test_claimers_at_once_take_different_turns(queue, worker_id):
     keys = [Job.objects.get(pk=j.id).fair_key for j in [*first, *second]]
     assert len(first) == len(second) == 16
     assert len(set(keys)) == 32  # keys of limit 1: none started twice
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the one-statement cycle is PostgreSQL's"
+)
+def test_a_cycle_that_ends_a_keys_job_starts_its_next_in_the_same_statement(queue, worker_id):
+    """A worker's cycle completes and claims in one statement (``complete_and_claim`` with a
+    keyed pick): the job it ends frees its key's one slot for the next, and that next one
+    starts no earlier than the end it followed, by the events' clock."""
+    from jobs import events
+    from jobs.claims import complete_and_claim
+    from jobs.keyed_claims import keyed_pick, settled
+    from jobs.models import JobEvent
+
+    limit("solo", concurrency=1)
+    enqueue_many([JobSpec("ping", queue=queue, keys=["solo:1"]) for _ in range(3)])
+    [first] = claim(queue, worker_id, n=4).jobs
+    pick = keyed_pick(queue, limit=4)
+    moved, [second] = complete_and_claim(
+        [Completion(first.id, first.lease_token)],
+        queues=[queue],
+        worker_id=worker_id,
+        limit=4,
+        lease_seconds=30,
+        after=[pick],
+    )
+    assert moved == [first.id]
+    assert pick.found["started"] == 1 and pick.found["held_back"]  # the third waits its turn
+    assert settled(pick) is not None  # and the worker tries again soon
+    ended = JobEvent.objects.get(job_id=first.id, event=events.JOB_SUCCEEDED).ts
+    started = JobEvent.objects.get(job_id=second.id, event=events.JOB_STARTED).ts
+    assert started >= ended
+    assert Job.objects.get(pk=second.id).started_at == started
+    # A completion whose lease is no longer its job's frees nothing.
+    pick = keyed_pick(queue, limit=4)
+    stale = Completion(first.id, first.lease_token)
+    assert complete_and_claim(
+        [stale], queues=[queue], worker_id=worker_id, limit=4, lease_seconds=30, after=[pick]
+    ) == ([], [])
