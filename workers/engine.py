@@ -335,9 +335,23 @@ class JobWorker:
             if isinstance(flight, InFlight):
                 flight.stop_reason = STOP_SHUTDOWN  # before ``cancel``: the run reads it after
             flight.cancel.set()
-        self._requeue_on_shutdown([f for f in left if isinstance(f, InFlight)])
+        stopped = [f for f in left if isinstance(f, InFlight)]
+        self._requeue_on_shutdown(stopped)
         release_messages([f.message.id for f in left if isinstance(f, MessageFlight)])
+        self._await_stopped_runs(stopped)
         return EXIT_GRACE_RAN_OUT
+
+    def _await_stopped_runs(self, stopped: list[InFlight]) -> None:
+        """Give the runs told to stop a moment to return and log their own line (``job.stopped``).
+
+        Bounded well inside the cleanup budget: a run that ignores its cancel
+        event is left behind as before. Without it the process could exit
+        before a run noticed, and the log lacked what the run itself did.
+        """
+        deadline = time.monotonic() + min(1.0, self.config.shutdown_cleanup_seconds / 2)
+        while any(not f.done for f in stopped) and time.monotonic() < deadline:
+            self.wake.wait(0.02)
+            self.wake.clear()
 
     def _requeue_on_shutdown(self, flights: list[InFlight]) -> None:
         """Requeue each job still running (``job.requeued``); log what became of each.
