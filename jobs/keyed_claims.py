@@ -372,7 +372,6 @@ class _Bucket:
 @dataclass
 class _Window:
     lanes: list[_Lane]
-    full: bool  # ``size`` turns: a bigger window might find more
     turns: int  # turns in the window, with or without a job to give them to
     # Keys at their concurrency limit whose jobs the window left out (they free up when
     # a job ends on any worker, which wakes nobody: a claim that came up short retries).
@@ -418,9 +417,7 @@ def _window(
             [*where_params, lane.key, *unblocked_params, len(lane.turns)],
         )
         lane.best = [_Candidate(r[0], d.read_json(r[2]), r[1]) for r in cursor.fetchall()]
-    return _Window(
-        list(lanes.values()), full=len(rows) >= size, turns=len(rows), full_keys=len(blocked)
-    )
+    return _Window(list(lanes.values()), turns=len(rows), full_keys=len(blocked))
 
 
 # The most turns a window reads past keys at their limit to find turns it can start.
