@@ -641,6 +641,34 @@ class PickAfter:
     found: dict[str, Any] | None = None
 
 
+def _with_picks_after(
+    ctes: list[str],
+    params: list[Any],
+    pick: str,
+    pick_params: list[Any],
+    after: Sequence[PickAfter],
+    *,
+    limit: int,
+    completions: Sequence[Completion],
+) -> tuple[str, list[Any], str]:
+    """Add the plain pick and ``after`` as CTEs ``p0``, ``p1``…; the claim's pick and start time.
+
+    Each later pick is told what the ones before it left of ``limit``.
+    """
+    ctes.append(f"p0 AS (SELECT ARRAY({pick}) AS ids)")
+    params += pick_params
+    taken = "cardinality((SELECT ids FROM p0))"
+    ending = array_literal(str(c.lease_token) for c in completions)
+    for i, later in enumerate(after, 1):
+        call = later.sql.format(wanted=f"%s - {taken}", ending="%s::uuid[]")
+        ctes.append(f"p{i} AS ({call})")
+        params += [limit, ending, *later.params]
+        taken += f" + cardinality((SELECT ids FROM p{i}))"
+    picked = " || ".join(f"(SELECT ids FROM p{i})" for i in range(len(after) + 1))
+    chosen_at = ", ".join(f"(SELECT at FROM p{i})" for i in range(1, len(after) + 1))
+    return f"SELECT unnest({picked})", [], f"greatest(statement_timestamp(), {chosen_at})"
+
+
 def complete_and_claim(
     completions: Sequence[Completion],
     *,
@@ -691,6 +719,7 @@ def complete_and_claim(
         done, done_params = _completion_update(d, completions, now)
         ctes.append(f"done AS ({done}, v.column6 AS duration_ms)")
         params += done_params
+    pick, pick_params = "SELECT NULL::uuid WHERE false", list[Any]()
     if queues:
         pick, pick_params = _pick(
             d,
@@ -700,30 +729,19 @@ def complete_and_claim(
             operations=None,
             local_operations=local_operations,
         )
-        ctes.append(f"p0 AS (SELECT ARRAY({pick}) AS ids)")
-        params += pick_params
-    else:
-        ctes.append("p0 AS (SELECT '{}'::uuid[] AS ids)")
-    taken = "cardinality((SELECT ids FROM p0))"
-    ending = array_literal(str(c.lease_token) for c in completions)
-    for i, later in enumerate(after, 1):
-        call = later.sql.format(wanted=f"%s - {taken}", ending="%s::uuid[]")
-        ctes.append(f"p{i} AS ({call})")
-        params += [limit, ending, *later.params]
-        taken += f" + cardinality((SELECT ids FROM p{i}))"
-    picked = " || ".join(f"(SELECT ids FROM p{i})" for i in range(len(after) + 1))
+    started_sql = None
+    if after:
+        pick, pick_params, started_sql = _with_picks_after(
+            ctes, params, pick, pick_params, after, limit=limit, completions=completions
+        )
     claim, claim_params = _claim_update(
         d,
-        pick=f"SELECT unnest({picked})",
-        pick_params=[],
+        pick=pick,
+        pick_params=pick_params,
         worker_id=worker_id,
         now=now,
         lease_seconds=lease_seconds,
-        started_sql="greatest(statement_timestamp(), "
-        + ", ".join(f"(SELECT at FROM p{i})" for i in range(1, len(after) + 1))
-        + ")"
-        if after
-        else None,
+        started_sql=started_sql,
     )
     ctes.append(f"claimed AS ({claim})")
     params += claim_params

@@ -281,13 +281,13 @@ def _claim_keyed_postgres(
     return KeyedClaim(jobs, settled(pick))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class KeyedPick(PickAfter):
     """A keyed pick of one queue, for ``complete_and_claim`` (PostgreSQL)."""
 
-    queue: str = ""
-    size: int = 0  # its window's turns
-    using: str = "default"
+    queue: str
+    size: int  # its window's turns
+    using: str
 
 
 def keyed_pick(
