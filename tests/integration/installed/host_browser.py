@@ -42,11 +42,13 @@ def check_browser(url: str, username: str, password: str, token: str) -> None:
             page.set_default_timeout(20_000)
             page.goto(f"{url}/ops/dashboard/")
             expect(page).to_have_url(f"{url}/ops/accounts/login/?next=/ops/dashboard/")
+            page.wait_for_load_state("load")  # the URL changes before the stylesheet arrives
             assert page.evaluate(STYLED), "the sign-in page is not styled"
             page.fill("input[name=username]", username)
             page.fill("input[name=password]", password)
             page.get_by_role("button", name="Sign in").click()
             expect(page).to_have_url(f"{url}/ops/dashboard/")
+            page.wait_for_load_state("load")
             assert page.evaluate(STYLED), "the dashboard is not styled"
 
             page.goto(f"{url}/ops/dashboard/jobs/{job_id}/")
