@@ -303,6 +303,15 @@ class Job(models.Model):
                 name="job_fair_key_idx",
                 condition=Q(status="queued", fair_turn__isnull=False),
             ),
+            # The keyed claim's question "does any queued keyed job outrank the window?";
+            # latest turn first, so its head is not the claimed jobs' dead entries.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                models.F("fair_turn").desc(),
+                name="job_fair_priority_idx",
+                condition=Q(status="queued", fair_turn__isnull=False),
+            ),
             models.Index(
                 "fair_key",
                 name="job_running_keyed_idx",

@@ -287,3 +287,38 @@ def test_a_cycle_that_ends_a_keys_job_starts_its_next_in_the_same_statement(queu
     assert complete_and_claim(
         [stale], queues=[queue], worker_id=worker_id, limit=4, lease_seconds=30, after=[pick]
     ) == ([], [])
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks on keys: PostgreSQL's")
+def test_a_key_another_claimer_holds_is_skipped_and_a_new_key_is_made(queue, worker_id):
+    """The claim locks the keys' rows that exist, then makes the missing ones: a key whose row
+    another transaction holds is passed over this round (nobody waits on a key), while a key
+    seen for the first time gets its row and its job starts."""
+    limit("acct", concurrency=2)
+    enqueue("ping", queue=queue, keys=["acct:held"])
+    claim(queue, worker_id, n=1)  # acct:held has its row now, and one job of two running
+    held = enqueue("ping", queue=queue, keys=["acct:held"])
+    fresh = enqueue("ping", queue=queue, keys=["acct:fresh"])
+    locked = threading.Event()
+    release = threading.Event()
+
+    def hold_the_key() -> None:
+        try:
+            with transaction.atomic():
+                FlowKey.objects.select_for_update().get(key="acct:held")
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_key)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        assert not FlowKey.objects.filter(key="acct:fresh").exists()
+        assert [j.id for j in claim(queue, worker_id, n=4).jobs] == [fresh.id]
+    finally:
+        release.set()
+        holder.join(10)
+    assert FlowKey.objects.filter(key="acct:fresh").exists()
+    assert [j.id for j in claim(queue, worker_id, n=4).jobs] == [held.id]
