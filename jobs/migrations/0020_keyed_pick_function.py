@@ -172,9 +172,9 @@ BEGIN
     -- Each lane's best jobs by priority (then turn), as many as its turns, locked. No queued
     -- keyed job of the queue outranks the window's lowest (job_fair_priority_idx): they are
     -- the window's own, as the window read each lane's ready turns in order.
-    IF NOT EXISTS (SELECT 1 FROM controlplane_job
-                    WHERE status = 'queued' AND fair_turn IS NOT NULL AND queue = q
-                      AND priority > v_lowest) THEN
+    IF coalesce((SELECT priority FROM controlplane_job
+                  WHERE status = 'queued' AND fair_turn IS NOT NULL AND queue = q
+                  ORDER BY priority DESC, fair_turn DESC LIMIT 1), v_lowest) <= v_lowest THEN
         SELECT array_agg(u.id ORDER BY u.lane, u.turn), array_agg(u.lane ORDER BY u.lane, u.turn),
                array_agg(u.turn ORDER BY u.lane, u.turn), array_agg(u.keys ORDER BY u.lane, u.turn)
           INTO c_ids, c_lane, c_turn, c_keys
