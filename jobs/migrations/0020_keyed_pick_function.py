@@ -56,6 +56,7 @@ CREATE OR REPLACE FUNCTION controlplane_keyed_pick(
 LANGUAGE plpgsql VOLATILE
 SET enable_bitmapscan = off
 SET enable_seqscan = off
+SET enable_sort = off
 SET jit = off
 AS $$
 DECLARE
