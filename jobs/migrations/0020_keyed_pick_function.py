@@ -109,6 +109,9 @@ DECLARE
     v_pos int;
     v_wait float8;
     v_lane int;
+    v_limited boolean;
+    v_read_full boolean := false;
+    v_stuck int;
 BEGIN
     ids := '{}';
     asked := wanted;
@@ -119,176 +122,209 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 1. Keys at their concurrency limit now: their jobs stay out of the window.
-    IF cardinality(array_remove(lim_concurrency, NULL)) > 0 THEN
-        SELECT coalesce(array_agg(r.key), '{}') INTO v_blocked
-          FROM (SELECT k.key, count(*) AS running
-                  FROM controlplane_job j
-                 CROSS JOIN LATERAL jsonb_array_elements_text(j.flow_keys) AS k(key)
-                 WHERE j.status = 'running' AND j.fair_key IS NOT NULL AND NOT (
-                       j.lease_token = ANY(ending_tokens)
-                       AND NOT (j.has_dependents OR j.workflow_id IS NOT NULL))
-                 GROUP BY k.key) AS r
-         WHERE r.running >= lim_concurrency[coalesce(array_position(lim_names, r.key),
-                                                     array_position(lim_names, split_part(r.key, ':', 1)))];
-        full_keys := cardinality(v_blocked);
-    END IF;
-
-    -- The window: turns in order, each locked as it is read, SKIP LOCKED, by its row's
-    -- address (a turn changed since this statement's snapshot has moved and is skipped).
-    SELECT coalesce(array_agg(t.id ORDER BY t.fair_turn), '{}'),
-           coalesce(array_agg(t.fair_key ORDER BY t.fair_turn), '{}'),
-           coalesce(array_agg(t.fair_turn ORDER BY t.fair_turn), '{}'),
-           coalesce(array_agg(t.flow_keys ORDER BY t.fair_turn), '{}'),
-           min(t.priority)
-      INTO w_ids, w_keys, w_turns, w_flow, v_lowest
-      FROM (SELECT t.id, t.fair_key, t.fair_turn, t.flow_keys, t.priority
-              FROM (SELECT s.ctid
-                      FROM (SELECT ctid, flow_keys FROM controlplane_job
-                             WHERE status = 'queued' AND fair_turn IS NOT NULL AND queue = q
-                               AND run_after <= ready_at
-                               AND (only_operations IS NULL OR operation = ANY(only_operations))
-                               AND (local_operations IS NULL OR operation NOT IN (
-                                    SELECT name FROM controlplane_remoteoperation
-                                     WHERE NOT deleted AND name <> ALL(local_operations)))
-                             ORDER BY fair_turn LIMIT scan) AS s
-                     WHERE NOT (s.flow_keys ?| v_blocked)) AS c
-             CROSS JOIN LATERAL (SELECT id, fair_key, fair_turn, flow_keys, priority
-                                   FROM controlplane_job
-                                  WHERE ctid = c.ctid FOR UPDATE SKIP LOCKED) AS t
-             LIMIT size) AS t;
-    turns := cardinality(w_ids);
-    IF turns = 0 THEN
-        RETURN;
-    END IF;
-    FOR i IN 1 .. turns LOOP
-        v_lane := array_position(l_keys, w_keys[i]);
-        IF v_lane IS NULL THEN
-            l_keys := l_keys || w_keys[i];
-            v_lane := cardinality(l_keys);
-            l_turns[v_lane] := 0;
-        END IF;
-        l_turns[v_lane] := l_turns[v_lane] + 1;
-        w_rank[i] := l_turns[v_lane];
-        w_lane[i] := v_lane;
-    END LOOP;
-
-    -- Each lane's best jobs by priority (then turn), as many as its turns, locked. No queued
-    -- keyed job of the queue outranks the window's lowest (job_fair_priority_idx): they are
-    -- the window's own, as the window read each lane's ready turns in order.
-    IF coalesce((SELECT priority FROM controlplane_job
-                  WHERE status = 'queued' AND fair_turn IS NOT NULL AND queue = q
-                  ORDER BY priority DESC, fair_turn DESC LIMIT 1), v_lowest) <= v_lowest THEN
-        SELECT array_agg(u.id ORDER BY u.lane, u.turn), array_agg(u.lane ORDER BY u.lane, u.turn),
-               array_agg(u.turn ORDER BY u.lane, u.turn), array_agg(u.keys ORDER BY u.lane, u.turn)
-          INTO c_ids, c_lane, c_turn, c_keys
-          FROM unnest(w_ids, w_lane, w_turns, w_flow) AS u(id, lane, turn, keys);
-    ELSE
-    SELECT coalesce(array_agg(b.id ORDER BY l.lane, b.priority DESC, b.fair_turn), '{}'),
-           array_agg(l.lane ORDER BY l.lane, b.priority DESC, b.fair_turn),
-           array_agg(b.fair_turn ORDER BY l.lane, b.priority DESC, b.fair_turn),
-           array_agg(b.flow_keys ORDER BY l.lane, b.priority DESC, b.fair_turn)
-      INTO c_ids, c_lane, c_turn, c_keys
-      FROM unnest(l_keys, l_turns) WITH ORDINALITY AS l(key, turns, lane)
-     CROSS JOIN LATERAL (SELECT id, fair_turn, flow_keys, priority FROM controlplane_job
-                          WHERE status = 'queued' AND fair_turn IS NOT NULL AND queue = q
-                            AND fair_key = l.key AND run_after <= ready_at
-                            AND (only_operations IS NULL OR operation = ANY(only_operations))
-                            AND (local_operations IS NULL OR operation NOT IN (
-                                 SELECT name FROM controlplane_remoteoperation
-                                  WHERE NOT deleted AND name <> ALL(local_operations)))
-                            AND NOT (flow_keys ?| v_blocked)
-                          ORDER BY priority DESC, fair_turn
-                          LIMIT l.turns FOR UPDATE SKIP LOCKED) AS b;
-    END IF;
-    IF cardinality(c_ids) = 0 THEN
-        held_back := true;  -- turns without a job to give them: another claimer holds those
-        RETURN;
-    END IF;
-    -- Arrays zipped by unnest below are made whole first: an element set on an empty
-    -- array starts it at that subscript.
-    c_started := array_fill(false, ARRAY[cardinality(c_ids)]);
-    FOR i IN 1 .. cardinality(c_ids) LOOP
-        IF l_from[c_lane[i]] IS NULL THEN
-            l_from[c_lane[i]] := i;
-            v_rounds := greatest(v_rounds, l_turns[c_lane[i]]);
-        END IF;
-        l_to[c_lane[i]] := i;
-    END LOOP;
-
-    -- 2. The limited keys the candidates carry: rows made on first use, locked SKIP LOCKED
-    -- (a key another claimer holds is skipped this round: nobody waits on a key).
-    SELECT coalesce(array_agg(s.key), '{}'), array_agg(lim_concurrency[s.pos]),
-           array_agg(lim_rate[s.pos]),
-           array_agg(coalesce(lim_burst[s.pos], greatest(1.0, coalesce(lim_rate[s.pos], 0.0))))
-      INTO k_names, k_concurrency, k_rate, k_capacity
-      FROM (SELECT DISTINCT e.key, coalesce(array_position(lim_names, e.key),
-                                            array_position(lim_names, split_part(e.key, ':', 1))) AS pos
-              FROM unnest(c_keys) AS c(keys)
-             CROSS JOIN LATERAL jsonb_array_elements_text(c.keys) AS e(key)) AS s
-     WHERE lim_concurrency[s.pos] IS NOT NULL OR lim_rate[s.pos] IS NOT NULL;
-    IF cardinality(k_names) > 0 THEN
-        k_held := array_fill(false, ARRAY[cardinality(k_names)]);
-        k_tokens := array_fill(NULL::float8, ARRAY[cardinality(k_names)]);
-        k_stamp := array_fill(NULL::timestamptz, ARRAY[cardinality(k_names)]);
-        k_spent := array_fill(false, ARRAY[cardinality(k_names)]);
-        SELECT coalesce(array_agg(f.key), '{}'), coalesce(array_agg(f.tokens), '{}'),
-               coalesce(array_agg(f.refilled_at), '{}')
-          INTO h_keys, h_tokens, h_stamps
-          FROM (SELECT key, tokens, refilled_at FROM controlplane_flowkey
-                 WHERE key = ANY(k_names) FOR UPDATE SKIP LOCKED) AS f;
-        -- A key not locked is new (its row made now, then locked) or held by another claimer
-        -- (its row's insert does nothing and its lock is skipped again).
-        IF cardinality(h_keys) < cardinality(k_names) THEN
-            v_new := ARRAY(SELECT unnest(k_names) EXCEPT SELECT unnest(h_keys));
-            INSERT INTO controlplane_flowkey (key, tokens, refilled_at, created_at)
-            SELECT n.key, 0, NULL, statement_timestamp() FROM unnest(v_new) AS n(key)
-            ON CONFLICT DO NOTHING;
-            SELECT h_keys || coalesce(array_agg(f.key), '{}'),
-                   h_tokens || coalesce(array_agg(f.tokens), '{}'),
-                   h_stamps || coalesce(array_agg(f.refilled_at), '{}')
-              INTO h_keys, h_tokens, h_stamps
-              FROM (SELECT key, tokens, refilled_at FROM controlplane_flowkey
-                     WHERE key = ANY(v_new) FOR UPDATE SKIP LOCKED) AS f;
-        END IF;
-        -- 3. The counts, in a statement of their own: its snapshot, taken after the locks,
-        -- sees every claim that held these keys before.
-        IF cardinality(array_remove(k_concurrency, NULL)) > 0 AND cardinality(h_keys) > 0 THEN
-            SELECT array_agg(r.key), array_agg(r.running) INTO r_keys, r_counts
-              FROM (SELECT k.key, count(*)::int AS running
+    v_limited := cardinality(array_remove(lim_concurrency, NULL)) > 0;
+    <<passes>>
+    LOOP
+        -- 1. Keys at their concurrency limit now, their jobs left out of the window: read in a
+        -- second pass, when the first window's turns went to such keys past what the claim could
+        -- still start. It reads every running keyed job, and a window of turns in order seldom
+        -- meets a key twice.
+        IF v_read_full THEN
+            SELECT coalesce(array_agg(r.key), '{}') INTO v_blocked
+              FROM (SELECT k.key, count(*) AS running
                       FROM controlplane_job j
                      CROSS JOIN LATERAL jsonb_array_elements_text(j.flow_keys) AS k(key)
-                     WHERE j.status = 'running' AND j.fair_key IS NOT NULL
-                       AND k.key = ANY(h_keys) AND NOT (
+                     WHERE j.status = 'running' AND j.fair_key IS NOT NULL AND NOT (
                            j.lease_token = ANY(ending_tokens)
                            AND NOT (j.has_dependents OR j.workflow_id IS NOT NULL))
-                     GROUP BY k.key) AS r;
+                     GROUP BY k.key) AS r
+             WHERE r.running >= lim_concurrency[coalesce(array_position(lim_names, r.key),
+                                                         array_position(lim_names, split_part(r.key, ':', 1)))];
+            full_keys := cardinality(v_blocked);
         END IF;
-        FOR i IN 1 .. cardinality(k_names) LOOP
-            v_pos := array_position(h_keys, k_names[i]);
-            k_held[i] := v_pos IS NOT NULL;
-            CONTINUE WHEN v_pos IS NULL;
-            IF k_concurrency[i] IS NOT NULL THEN
-                k_room[i] := k_concurrency[i]
-                             - coalesce(r_counts[array_position(r_keys, k_names[i])], 0);
+
+        -- The window: turns in order, each locked as it is read, SKIP LOCKED, by its row's
+        -- address (a turn changed since this statement's snapshot has moved and is skipped).
+        SELECT coalesce(array_agg(t.id ORDER BY t.fair_turn), '{}'),
+               coalesce(array_agg(t.fair_key ORDER BY t.fair_turn), '{}'),
+               coalesce(array_agg(t.fair_turn ORDER BY t.fair_turn), '{}'),
+               coalesce(array_agg(t.flow_keys ORDER BY t.fair_turn), '{}'),
+               min(t.priority)
+          INTO w_ids, w_keys, w_turns, w_flow, v_lowest
+          FROM (SELECT t.id, t.fair_key, t.fair_turn, t.flow_keys, t.priority
+                  FROM (SELECT s.ctid
+                          FROM (SELECT ctid, flow_keys FROM controlplane_job
+                                 WHERE status = 'queued' AND fair_turn IS NOT NULL AND queue = q
+                                   AND run_after <= ready_at
+                                   AND (only_operations IS NULL OR operation = ANY(only_operations))
+                                   AND (local_operations IS NULL OR operation NOT IN (
+                                        SELECT name FROM controlplane_remoteoperation
+                                         WHERE NOT deleted AND name <> ALL(local_operations)))
+                                 ORDER BY fair_turn LIMIT scan) AS s
+                         WHERE NOT (s.flow_keys ?| v_blocked)) AS c
+                 CROSS JOIN LATERAL (SELECT id, fair_key, fair_turn, flow_keys, priority
+                                       FROM controlplane_job
+                                      WHERE ctid = c.ctid FOR UPDATE SKIP LOCKED) AS t
+                 LIMIT size) AS t;
+        turns := cardinality(w_ids);
+        IF turns = 0 THEN
+            RETURN;
+        END IF;
+        FOR i IN 1 .. turns LOOP
+            v_lane := array_position(l_keys, w_keys[i]);
+            IF v_lane IS NULL THEN
+                l_keys := l_keys || w_keys[i];
+                v_lane := cardinality(l_keys);
+                l_turns[v_lane] := 0;
             END IF;
-            IF k_rate[i] IS NOT NULL THEN
-                -- The bucket's refill (jobs.rate_limits.refill): never refilled starts full;
-                -- a stamp ahead of this clock adds nothing.
-                IF h_stamps[v_pos] IS NULL THEN
-                    k_tokens[i] := k_capacity[i];
-                    k_stamp[i] := ready_at;
-                ELSIF ready_at <= h_stamps[v_pos] THEN
-                    k_tokens[i] := least(h_tokens[v_pos], k_capacity[i]);
-                    k_stamp[i] := h_stamps[v_pos];
-                ELSE
-                    k_tokens[i] := least(k_capacity[i], h_tokens[v_pos]
-                        + extract(epoch FROM ready_at - h_stamps[v_pos]) * k_rate[i]);
-                    k_stamp[i] := ready_at;
-                END IF;
-            END IF;
+            l_turns[v_lane] := l_turns[v_lane] + 1;
+            w_rank[i] := l_turns[v_lane];
+            w_lane[i] := v_lane;
         END LOOP;
-    END IF;
+
+        -- Each lane's best jobs by priority (then turn), as many as its turns, locked. No queued
+        -- keyed job of the queue outranks the window's lowest (job_fair_priority_idx): they are
+        -- the window's own, as the window read each lane's ready turns in order.
+        IF coalesce((SELECT priority FROM controlplane_job
+                      WHERE status = 'queued' AND fair_turn IS NOT NULL AND queue = q
+                      ORDER BY priority DESC, fair_turn DESC LIMIT 1), v_lowest) <= v_lowest THEN
+            SELECT array_agg(u.id ORDER BY u.lane, u.turn), array_agg(u.lane ORDER BY u.lane, u.turn),
+                   array_agg(u.turn ORDER BY u.lane, u.turn), array_agg(u.keys ORDER BY u.lane, u.turn)
+              INTO c_ids, c_lane, c_turn, c_keys
+              FROM unnest(w_ids, w_lane, w_turns, w_flow) AS u(id, lane, turn, keys);
+        ELSE
+            SELECT coalesce(array_agg(b.id ORDER BY l.lane, b.priority DESC, b.fair_turn), '{}'),
+                   array_agg(l.lane ORDER BY l.lane, b.priority DESC, b.fair_turn),
+                   array_agg(b.fair_turn ORDER BY l.lane, b.priority DESC, b.fair_turn),
+                   array_agg(b.flow_keys ORDER BY l.lane, b.priority DESC, b.fair_turn)
+              INTO c_ids, c_lane, c_turn, c_keys
+              FROM unnest(l_keys, l_turns) WITH ORDINALITY AS l(key, turns, lane)
+             CROSS JOIN LATERAL (SELECT id, fair_turn, flow_keys, priority FROM controlplane_job
+                                  WHERE status = 'queued' AND fair_turn IS NOT NULL AND queue = q
+                                    AND fair_key = l.key AND run_after <= ready_at
+                                    AND (only_operations IS NULL OR operation = ANY(only_operations))
+                                    AND (local_operations IS NULL OR operation NOT IN (
+                                         SELECT name FROM controlplane_remoteoperation
+                                          WHERE NOT deleted AND name <> ALL(local_operations)))
+                                    AND NOT (flow_keys ?| v_blocked)
+                                  ORDER BY priority DESC, fair_turn
+                                  LIMIT l.turns FOR UPDATE SKIP LOCKED) AS b;
+        END IF;
+        IF cardinality(c_ids) = 0 THEN
+            held_back := true;  -- turns without a job to give them: another claimer holds those
+            RETURN;
+        END IF;
+        -- Arrays zipped by unnest below are made whole first: an element set on an empty
+        -- array starts it at that subscript.
+        c_started := array_fill(false, ARRAY[cardinality(c_ids)]);
+        FOR i IN 1 .. cardinality(c_ids) LOOP
+            IF l_from[c_lane[i]] IS NULL THEN
+                l_from[c_lane[i]] := i;
+                v_rounds := greatest(v_rounds, l_turns[c_lane[i]]);
+            END IF;
+            l_to[c_lane[i]] := i;
+        END LOOP;
+
+        -- 2. The limited keys the candidates carry: rows made on first use, locked SKIP LOCKED
+        -- (a key another claimer holds is skipped this round: nobody waits on a key).
+        SELECT coalesce(array_agg(s.key), '{}'), array_agg(lim_concurrency[s.pos]),
+               array_agg(lim_rate[s.pos]),
+               array_agg(coalesce(lim_burst[s.pos], greatest(1.0, coalesce(lim_rate[s.pos], 0.0))))
+          INTO k_names, k_concurrency, k_rate, k_capacity
+          FROM (SELECT DISTINCT e.key, coalesce(array_position(lim_names, e.key),
+                                                array_position(lim_names, split_part(e.key, ':', 1))) AS pos
+                  FROM unnest(c_keys) AS c(keys)
+                 CROSS JOIN LATERAL jsonb_array_elements_text(c.keys) AS e(key)) AS s
+         WHERE lim_concurrency[s.pos] IS NOT NULL OR lim_rate[s.pos] IS NOT NULL;
+        IF cardinality(k_names) > 0 THEN
+            k_held := array_fill(false, ARRAY[cardinality(k_names)]);
+            k_tokens := array_fill(NULL::float8, ARRAY[cardinality(k_names)]);
+            k_stamp := array_fill(NULL::timestamptz, ARRAY[cardinality(k_names)]);
+            k_spent := array_fill(false, ARRAY[cardinality(k_names)]);
+            SELECT coalesce(array_agg(f.key), '{}'), coalesce(array_agg(f.tokens), '{}'),
+                   coalesce(array_agg(f.refilled_at), '{}')
+              INTO h_keys, h_tokens, h_stamps
+              FROM (SELECT key, tokens, refilled_at FROM controlplane_flowkey
+                     WHERE key = ANY(k_names) FOR UPDATE SKIP LOCKED) AS f;
+            -- A key not locked is new (its row made now, then locked) or held by another claimer
+            -- (its row's insert does nothing and its lock is skipped again).
+            IF cardinality(h_keys) < cardinality(k_names) THEN
+                v_new := ARRAY(SELECT unnest(k_names) EXCEPT SELECT unnest(h_keys));
+                INSERT INTO controlplane_flowkey (key, tokens, refilled_at, created_at)
+                SELECT n.key, 0, NULL, statement_timestamp() FROM unnest(v_new) AS n(key)
+                ON CONFLICT DO NOTHING;
+                SELECT h_keys || coalesce(array_agg(f.key), '{}'),
+                       h_tokens || coalesce(array_agg(f.tokens), '{}'),
+                       h_stamps || coalesce(array_agg(f.refilled_at), '{}')
+                  INTO h_keys, h_tokens, h_stamps
+                  FROM (SELECT key, tokens, refilled_at FROM controlplane_flowkey
+                         WHERE key = ANY(v_new) FOR UPDATE SKIP LOCKED) AS f;
+            END IF;
+            -- 3. The counts, in a statement of their own: its snapshot, taken after the locks,
+            -- sees every claim that held these keys before.
+            IF cardinality(array_remove(k_concurrency, NULL)) > 0 AND cardinality(h_keys) > 0 THEN
+                SELECT array_agg(r.key), array_agg(r.running) INTO r_keys, r_counts
+                  FROM (SELECT k.key, count(*)::int AS running
+                          FROM controlplane_job j
+                         CROSS JOIN LATERAL jsonb_array_elements_text(j.flow_keys) AS k(key)
+                         WHERE j.status = 'running' AND j.fair_key IS NOT NULL
+                           AND k.key = ANY(h_keys) AND NOT (
+                               j.lease_token = ANY(ending_tokens)
+                               AND NOT (j.has_dependents OR j.workflow_id IS NOT NULL))
+                         GROUP BY k.key) AS r;
+            END IF;
+            FOR i IN 1 .. cardinality(k_names) LOOP
+                v_pos := array_position(h_keys, k_names[i]);
+                k_held[i] := v_pos IS NOT NULL;
+                CONTINUE WHEN v_pos IS NULL;
+                IF k_concurrency[i] IS NOT NULL THEN
+                    k_room[i] := k_concurrency[i]
+                                 - coalesce(r_counts[array_position(r_keys, k_names[i])], 0);
+                END IF;
+                IF k_rate[i] IS NOT NULL THEN
+                    -- The bucket's refill (jobs.rate_limits.refill): never refilled starts full;
+                    -- a stamp ahead of this clock adds nothing.
+                    IF h_stamps[v_pos] IS NULL THEN
+                        k_tokens[i] := k_capacity[i];
+                        k_stamp[i] := ready_at;
+                    ELSIF ready_at <= h_stamps[v_pos] THEN
+                        k_tokens[i] := least(h_tokens[v_pos], k_capacity[i]);
+                        k_stamp[i] := h_stamps[v_pos];
+                    ELSE
+                        k_tokens[i] := least(k_capacity[i], h_tokens[v_pos]
+                            + extract(epoch FROM ready_at - h_stamps[v_pos]) * k_rate[i]);
+                        k_stamp[i] := ready_at;
+                    END IF;
+                END IF;
+            END LOOP;
+        END IF;
+
+        -- A window whose turns went to keys at their limit, more than the claim could spare:
+        -- read those keys (step 1) and take the window again past them.
+        EXIT passes WHEN v_read_full OR NOT v_limited OR turns < size;
+        v_stuck := 0;
+        FOR i IN 1 .. cardinality(c_ids) LOOP
+            FOR j IN 0 .. jsonb_array_length(c_keys[i]) - 1 LOOP
+                v_ki := array_position(k_names, c_keys[i] ->> j);
+                IF v_ki IS NOT NULL AND k_held[v_ki] AND k_room[v_ki] <= 0 THEN
+                    v_stuck := v_stuck + 1;
+                    EXIT;
+                END IF;
+            END LOOP;
+        END LOOP;
+        EXIT passes WHEN v_stuck = 0 OR cardinality(c_ids) - v_stuck >= wanted;
+        v_read_full := true;
+        l_keys := NULL;
+        l_turns := NULL;
+        l_from := NULL;
+        l_to := NULL;
+        w_rank := NULL;
+        w_lane := NULL;
+        k_room := NULL;
+        r_keys := NULL;
+        r_counts := NULL;
+        v_rounds := 0;
+    END LOOP;
 
     -- 4. Admission: round-robin over the lanes, one turn each per round; a lane's turn
     -- goes to its first job whose every limited key has room and a whole token.
