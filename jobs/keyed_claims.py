@@ -7,8 +7,10 @@ One transaction per claim, on one queue:
    (``_WindowFactors``: as many as the claim may start, more while keys are full):
    each is a turn for its fair key, locked ``FOR UPDATE SKIP LOCKED`` as it is
    read, so claimers at once take different turns. Keys already at their
-   limit are left out of it. Each key's turns go to its best jobs by
-   priority (then turn), locked the same way.
+   limit are left out of it (on PostgreSQL in a second look, taken only when
+   the first one's turns went to such keys past what the claim could spare).
+   Each key's turns go to its best jobs by priority (then turn), locked the
+   same way.
 2. **Keys.** The limited keys those jobs carry (``jobs.key_limits``) are
    locked, ``FOR UPDATE SKIP LOCKED`` on their ``FlowKey`` rows (made on
    first use). A key another claimer holds is skipped this round: nobody
