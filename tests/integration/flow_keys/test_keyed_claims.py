@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection, transaction
@@ -42,6 +44,31 @@ def claim(queue, worker_id, n=10, **kw):
 
 def finish(jobs) -> None:
     complete_jobs([Completion(j.id, j.lease_token) for j in jobs])
+
+
+@contextmanager
+def held_in_another_transaction(work: Callable[[], object]) -> Iterator[None]:
+    """Run ``work`` in a transaction of another thread's connection, open until the block ends."""
+    done = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                work()
+                done.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert done.wait(10)
+        yield
+    finally:
+        release.set()
+        holder.join(10)
 
 
 def test_keys_come_from_the_enqueue_and_take_turns(queue):
@@ -224,27 +251,9 @@ def test_claimers_at_once_take_different_turns(queue, worker_id):
     """A claim whose transaction is still open holds its turns; a second claim takes the next."""
     limit("tenant", concurrency=1)
     enqueue_many([JobSpec("ping", queue=queue, keys=[f"tenant:{n % 100}"]) for n in range(200)])
-    first_claimed = threading.Event()
-    release = threading.Event()
     first: list = []
-
-    def hold_a_claim() -> None:
-        try:
-            with transaction.atomic():
-                first.extend(claim(queue, worker_id, n=16).jobs)
-                first_claimed.set()
-                release.wait(10)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_a_claim)
-    holder.start()
-    try:
-        assert first_claimed.wait(10)
+    with held_in_another_transaction(lambda: first.extend(claim(queue, worker_id, n=16).jobs)):
         second = claim(queue, worker_id, n=16).jobs
-    finally:
-        release.set()
-        holder.join(10)
     keys = [Job.objects.get(pk=j.id).fair_key for j in [*first, *second]]
     assert len(first) == len(second) == 16
     assert len(set(keys)) == 32  # keys of limit 1: none started twice
@@ -299,26 +308,10 @@ def test_a_key_another_claimer_holds_is_skipped_and_a_new_key_is_made(queue, wor
     claim(queue, worker_id, n=1)  # acct:held has its row now, and one job of two running
     held = enqueue("ping", queue=queue, keys=["acct:held"])
     fresh = enqueue("ping", queue=queue, keys=["acct:fresh"])
-    locked = threading.Event()
-    release = threading.Event()
-
-    def hold_the_key() -> None:
-        try:
-            with transaction.atomic():
-                FlowKey.objects.select_for_update().get(key="acct:held")
-                locked.set()
-                release.wait(10)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_the_key)
-    holder.start()
-    try:
-        assert locked.wait(10)
+    with held_in_another_transaction(
+        lambda: FlowKey.objects.select_for_update().get(key="acct:held")
+    ):
         assert not FlowKey.objects.filter(key="acct:fresh").exists()
         assert [j.id for j in claim(queue, worker_id, n=4).jobs] == [fresh.id]
-    finally:
-        release.set()
-        holder.join(10)
     assert FlowKey.objects.filter(key="acct:fresh").exists()
     assert [j.id for j in claim(queue, worker_id, n=4).jobs] == [held.id]
