@@ -77,7 +77,6 @@ DECLARE
     l_turns int[];
     l_from int[];
     l_to int[];
-    l_seen int[];
     l_taken int[];
     -- candidates: each lane's best jobs, priority order within the lane
     c_ids uuid[];
