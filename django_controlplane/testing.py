@@ -37,7 +37,7 @@ from django.db import DataError, connection, connections, transaction
 from jobs import signals, transitions
 from jobs.batches import ClaimedMessage, claim_messages
 from jobs.claims import ClaimedJob, claim_jobs, complete_jobs
-from jobs.clock import db_now
+from jobs.clock import DatabaseNow
 from jobs.conf import knob
 from jobs.enqueue_hooks import add_after_enqueue
 from jobs.exceptions import LeaseLost
@@ -386,7 +386,7 @@ def _bring_one_forward(queues: list[str]) -> bool:
     if not queues:
         return False
     waiting = (
-        Job.objects.filter(status=QUEUED, queue__in=queues, run_after__gt=db_now())
+        Job.objects.filter(status=QUEUED, queue__in=queues, run_after__gt=DatabaseNow())
         .order_by("run_after", "id")
         .values_list("id", flat=True)
     )
@@ -401,10 +401,10 @@ def _bring_one_forward(queues: list[str]) -> bool:
 
 def _due_left(drain: _Drain) -> bool:
     queues = _job_queues(drain)
-    if Job.objects.filter(status=QUEUED, queue__in=queues, run_after__lte=db_now()).exists():
+    if Job.objects.filter(status=QUEUED, queue__in=queues, run_after__lte=DatabaseNow()).exists():
         return True
     return BatchMessage.objects.filter(
-        queue__in=_batch_queues(drain), visible_after__lte=db_now()
+        queue__in=_batch_queues(drain), visible_after__lte=DatabaseNow()
     ).exists()
 
 

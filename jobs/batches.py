@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import connections, transaction
+from django.utils import timezone
 
 from jobs import transitions
 from jobs.clock import db_now
@@ -165,20 +166,24 @@ def claim_messages(*, queue: str, limit: int, visibility_seconds: float) -> list
     if limit <= 0:
         return []
     d = dialect()
-    now = db_now()
+    # In the statement, on the database's clock: every message stamped from a reading of
+    # it (which never runs ahead) is visible at once, whichever process stamped it.
+    at = timezone.now()
+    now_sql, now_params = d.now(at=at)
+    until_sql, until_params = d.now(visibility_seconds, at=at)
     pick = (
-        f"SELECT id FROM {BATCH_MESSAGE_TABLE} WHERE queue = %s AND visible_after <= %s "
+        f"SELECT id FROM {BATCH_MESSAGE_TABLE} WHERE queue = %s AND visible_after <= {now_sql} "
         "ORDER BY visible_after, id LIMIT %s"
     )
     if d.postgres:
         pick += " FOR UPDATE SKIP LOCKED"
     with transaction.atomic(), connections["default"].cursor() as cursor:
         cursor.execute(
-            f"UPDATE {BATCH_MESSAGE_TABLE} SET visible_after = %s, attempts = attempts + 1 "
-            f"WHERE id IN ({pick}) "
+            f"UPDATE {BATCH_MESSAGE_TABLE} SET visible_after = {until_sql}, "
+            f"attempts = attempts + 1 WHERE id IN ({pick}) "
             "RETURNING id, queue, parent_id, operation, batch_index, payload, attempts, "
             "max_attempts, last_error",
-            [d.ts(now + timedelta(seconds=visibility_seconds)), queue, d.ts(now), limit],
+            [*until_params, queue, *now_params, limit],
         )
         rows = cursor.fetchall()
     # (message, its last_error): the poisoned are failed below, the rest returned.

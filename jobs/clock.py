@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.db import connections
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobs.conf import knob
@@ -97,6 +98,20 @@ def db_now(using: str = "default") -> datetime:
     if reading is None or time.monotonic() - reading.monotonic > SYNC_SECONDS:
         reading = read_clock(using)
     return reading.now()
+
+
+class DatabaseNow(Now):
+    """The database's time inside an ORM statement: ``db_now()`` for querysets.
+
+    A reading lags the database's clock by up to its round trip, so rows the
+    database stamped itself (``statement_timestamp()``: a requeue's
+    ``run_after``) can look a few milliseconds in the future to ``db_now()``.
+    Comparing in the statement sees every such row, and every row stamped
+    from a reading, as due. SQLite is one machine: this process's time.
+    """
+
+    def as_sqlite(self, compiler, connection, **extra_context):
+        return "%s", [connection.ops.adapt_datetimefield_value(timezone.now())]
 
 
 def skew_limits() -> tuple[float, float]:

@@ -37,7 +37,7 @@ from datetime import datetime
 from django.db import close_old_connections
 
 from django_controlplane.web.listener import listener
-from jobs.clock import db_now
+from jobs.clock import DatabaseNow
 from jobs.conf import knob
 
 log = logging.getLogger("django_controlplane.remote")
@@ -246,7 +246,7 @@ class Relay:
         if not queues:
             return set()
         rows = (
-            Job.objects.filter(status="queued", queue__in=queues, run_after__lte=db_now())
+            Job.objects.filter(status="queued", queue__in=queues, run_after__lte=DatabaseNow())
             .values("queue")
             .annotate(n=Count("id"), newest=Max("run_after"))
             .order_by()

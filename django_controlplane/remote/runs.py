@@ -27,7 +27,7 @@ from django_controlplane.remote.errors import LeaseNotYours, RemoteRequestError
 from django_controlplane.remote.grants import grant_for, remotely_servable
 from django_controlplane.remote.workers import get_remote_worker, held_by_other_accounts
 from jobs.claims import ClaimedJob, Runner, claim_jobs
-from jobs.clock import db_now
+from jobs.clock import DatabaseNow, db_now
 from jobs.conf import knob
 from jobs.events import LOG_EVENTS, TRANSITION_EVENTS
 from jobs.exceptions import UnstorableValue
@@ -200,7 +200,7 @@ def _claim_once(worker: Worker, served: _Served, limit: int) -> list[ClaimedJob]
         status=Status.QUEUED,
         queue__in=queues,
         operation__in=operations,
-        run_after__lte=db_now(),
+        run_after__lte=DatabaseNow(),
     ).exists():
         return []
     lease = float(knob("LEASE_SECONDS"))

@@ -13,6 +13,7 @@ from django.utils import timezone
 from jobs import audit
 from jobs.batches import dispatch_batches
 from jobs.claims import claim_jobs
+from jobs.clock import db_now
 from jobs.models import BatchMessage, Job, JobEvent, OperatorAction
 from jobs.rescheduling import NotWaiting, run_job_now
 from jobs.transitions import fail_job, retry_job_later
@@ -158,7 +159,7 @@ def test_buttons_show_for_operators_only(operator_client: Client, viewer_client:
 def test_run_now_makes_a_scheduled_job_claimable(operator_client: Client) -> None:
     job = scheduled()
     assert claim_jobs(queues=[job.queue], worker_id=uuid.uuid4(), limit=1, lease_seconds=30) == []
-    before = timezone.now()
+    before = db_now()  # the clock run-now stamps with (a reading that may lag this host's)
     response = operator_client.post(
         f"/dashboard/jobs/{job.pk}/run-now/", {"reason": "customer waiting"}, follow=True
     )

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobs import batches, clock, transitions
@@ -71,16 +72,34 @@ def test_batches_written_before_the_coordinator_defers_close_the_parent_at_defer
     assert [e for _, e in assert_consistent(parent)][-2:] == ["job.deferred", "job.succeeded"]
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's clock is this process's")
-def test_write_messages_are_visible_at_once_to_a_clock_reading_that_lags(monkeypatch):
-    """A reading of the database's clock lags by up to its round trip (a slow one under
-    load): messages stamped with this host's clock were invisible to claims until it passed."""
+@pytest.fixture
+def lagging_reading(monkeypatch):
+    """This process's reading of the database's clock, 5 s behind it (a slow round trip)."""
     behind = db_now() - timedelta(seconds=5)
     lagging = Reading(db=behind, monotonic=time.monotonic(), skew=5.0, round_trip=5.0)
     monkeypatch.setitem(clock._readings, "default", lagging)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's clock is this process's")
+def test_write_messages_are_visible_at_once_to_a_clock_reading_that_lags(lagging_reading):
+    """A reading of the database's clock lags by up to its round trip (a slow one under
+    load): messages stamped with this host's clock were invisible to claims until it passed."""
     parent, _held, _outcome = coordinate(2)
     assert drain(f"{parent.queue}.batch") == ["processed"] * 2
     assert drain(f"{parent.queue}.write") == ["written"] * 2
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's clock is this process's")
+def test_a_message_made_visible_by_a_process_whose_reading_is_ahead_is_claimed_at_once(
+    lagging_reading,
+):
+    """Claims compare in the statement, on the database's clock: a consumer whose reading
+    lags more than the releasing process's found its messages invisible until it passed."""
+    parent, held, outcome = coordinate(1)
+    defer_job(parent.pk, lease_token=held.lease_token, result=outcome.result)
+    BatchMessage.objects.filter(parent_id=parent.pk).update(visible_after=Now())
+    claimed = claim_messages(queue=f"{parent.queue}.batch", limit=1, visibility_seconds=30)
+    assert [m.batch_index for m in claimed] == [0]
 
 
 def test_a_coordinator_with_no_batches_is_closed_by_its_defer():
@@ -182,7 +201,7 @@ def test_a_stale_delivery_cannot_ack_a_message_another_consumer_holds():
     defer_job(parent.pk, lease_token=held.lease_token, result=outcome.result)
     (stale,) = claim_messages(queue=f"{parent.queue}.batch", limit=1, visibility_seconds=30)
     # Its visibility runs out and another consumer takes the message over.
-    BatchMessage.objects.filter(pk=stale.id).update(visible_after=timezone.now())
+    BatchMessage.objects.filter(pk=stale.id).update(visible_after=db_now())
     (current,) = claim_messages(queue=f"{parent.queue}.batch", limit=1, visibility_seconds=30)
     assert batches.hand_to_write_queue(stale, {"late": True}) is False
     assert BatchMessage.objects.filter(pk=current.id).exists()
@@ -199,7 +218,7 @@ def test_a_message_whose_consumers_keep_dying_fails_the_parent_at_claim():
     for _ in range(2):  # two deliveries, each consumer killed mid-batch
         claimed = claim_messages(queue=batch_queue, limit=1, visibility_seconds=30)
         assert [m.batch_index for m in claimed] == [0]
-        BatchMessage.objects.filter(pk=claimed[0].id).update(visible_after=timezone.now())
+        BatchMessage.objects.filter(pk=claimed[0].id).update(visible_after=db_now())
     # The third delivery is not handed out: the parent fails naming the batch.
     assert claim_messages(queue=batch_queue, limit=1, visibility_seconds=30) == []
     row = fresh(parent)

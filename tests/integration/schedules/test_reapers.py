@@ -14,6 +14,7 @@ import pytest
 from django.utils import timezone
 
 from django_controlplane.testing import assert_enqueued, drain_jobs, enqueued_jobs
+from jobs.clock import db_now
 from jobs.conf import DEFAULTS
 from jobs.models import Job, JobEvent, Schedule, ScheduleFire
 from jobs.schedules.firing import fire_due_schedules
@@ -104,7 +105,7 @@ def test_the_reaper_syncs_schedules_declared_in_code_when_it_starts(start_proces
 
 def test_a_reaper_pass_fires_what_is_due():
     schedule = create_schedule({"operation": "ping", "every_seconds": 1, "queue": unique_queue()})
-    wait_for(lambda: schedule.next_fire_at <= timezone.now(), message="the first slot")
+    wait_for(lambda: schedule.next_fire_at <= db_now(), message="the first slot")
     result = Reaper().run_once()
     assert result.schedules_fired == 1 and result.errors == 0
     assert_enqueued("ping", queue=schedule.queue, schedule=schedule, count=1)
