@@ -8,7 +8,10 @@ clock. Statements read it themselves (``Dialect.now``:
 schedule's slots, a rate limit's refill, an enqueue's ``run_after``),
 ``db_now()`` gives it without a round trip: the database's time read with
 ``SELECT clock_timestamp()`` at most every ``SYNC_SECONDS`` and carried
-forward on this process's monotonic clock in between.
+forward on this process's monotonic clock in between. A reading lags the
+database by up to its round trip and never runs ahead, so Python stamps
+from it, while what decides that a row is due compares in the statement
+(``Dialect.now``, ``DatabaseNow`` for querysets).
 
 A process's own wall clock then serves only its logs. Workers and reapers
 still compare it with the database's (``check_skew``) at start and on each
