@@ -193,6 +193,19 @@ def _forget_cached_queue_settings() -> Iterator[None]:
     yield
 
 
+@pytest.fixture
+def lagging_clock_reading(monkeypatch) -> None:
+    """This process's reading of the database's clock, 5 s behind it: a reading lags by up
+    to its round trip (a slow one under load). PostgreSQL only: SQLite's clock is ours."""
+    from datetime import timedelta
+
+    from jobs import clock
+
+    behind = clock.db_now() - timedelta(seconds=5)
+    lagging = clock.Reading(db=behind, monotonic=time.monotonic(), skew=5.0, round_trip=5.0)
+    monkeypatch.setitem(clock._readings, "default", lagging)
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
     """Behind a transaction pooler (``jobs.pooling``; the CI pass through PgBouncer).

@@ -7,15 +7,10 @@ job out at once instead of answering "nothing to do" until the lag has passed.
 
 from __future__ import annotations
 
-import time
-from datetime import timedelta
-
 import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
-from jobs import clock
-from jobs.clock import Reading, db_now
 from jobs.models import Job
 from tests.factories import queued
 
@@ -29,14 +24,7 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def lagging_reading(monkeypatch):
-    behind = db_now() - timedelta(seconds=5)
-    lagging = Reading(db=behind, monotonic=time.monotonic(), skew=5.0, round_trip=5.0)
-    monkeypatch.setitem(clock._readings, "default", lagging)
-
-
-def test_a_job_the_database_made_due_is_claimed_at_once(admin, lagging_reading):
+def test_a_job_the_database_made_due_is_claimed_at_once(admin, lagging_clock_reading):
     worker_id = register_worker(admin)
     job = queued(queue="default")
     Job.objects.filter(pk=job.pk).update(run_after=Now())  # as a requeue stamps it

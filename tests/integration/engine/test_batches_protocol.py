@@ -8,17 +8,14 @@ parent ends counted exactly once.
 
 from __future__ import annotations
 
-import time
-from datetime import timedelta
-
 import pytest
 from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import batches, clock, transitions
+from jobs import batches, transitions
 from jobs.batches import claim_messages, dispatch_batches, write_batch
-from jobs.clock import Reading, db_now
+from jobs.clock import db_now
 from jobs.models import BatchMessage, BatchReceipt, Job, JobEvent
 from jobs.operations import registry
 from jobs.rescues import requeue_expired_leases
@@ -72,16 +69,8 @@ def test_batches_written_before_the_coordinator_defers_close_the_parent_at_defer
     assert [e for _, e in assert_consistent(parent)][-2:] == ["job.deferred", "job.succeeded"]
 
 
-@pytest.fixture
-def lagging_reading(monkeypatch):
-    """This process's reading of the database's clock, 5 s behind it (a slow round trip)."""
-    behind = db_now() - timedelta(seconds=5)
-    lagging = Reading(db=behind, monotonic=time.monotonic(), skew=5.0, round_trip=5.0)
-    monkeypatch.setitem(clock._readings, "default", lagging)
-
-
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's clock is this process's")
-def test_write_messages_are_visible_at_once_to_a_clock_reading_that_lags(lagging_reading):
+def test_write_messages_are_visible_at_once_to_a_clock_reading_that_lags(lagging_clock_reading):
     """A reading of the database's clock lags by up to its round trip (a slow one under
     load): messages stamped with this host's clock were invisible to claims until it passed."""
     parent, _held, _outcome = coordinate(2)
@@ -91,7 +80,7 @@ def test_write_messages_are_visible_at_once_to_a_clock_reading_that_lags(lagging
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's clock is this process's")
 def test_a_message_made_visible_by_a_process_whose_reading_is_ahead_is_claimed_at_once(
-    lagging_reading,
+    lagging_clock_reading,
 ):
     """Claims compare in the statement, on the database's clock: a consumer whose reading
     lags more than the releasing process's found its messages invisible until it passed."""
