@@ -151,8 +151,13 @@ def test_a_concurrency_cap_beside_the_rate_holds_and_costs_no_token():
     enqueue_many([JobSpec("ping", queue="q") for _ in range(6)])
     result = claim("q", 6, cap=2)
     assert len(result.jobs) == 2 and result.retry_in is None
+    tokens, stamp = bucket("q")
+    assert tokens == 8.0  # 10 - 2
     assert claim("q", 6, cap=2).jobs == []
-    assert 8.0 <= bucket("q")[0] < 9.0  # 10 - 2, plus what refilled meanwhile
+    # The capped claim took no token: only the refill between the two stamps (however slow
+    # the machine), not a fixed window of wall time.
+    later, later_stamp = bucket("q")
+    assert later == pytest.approx(min(10.0, tokens + 10 * (later_stamp - stamp).total_seconds()))
 
 
 def test_a_limit_cleared_meanwhile_claims_unlimited():
